@@ -1,0 +1,88 @@
+"""The device tensors behind the KV block pool and the state pool, bound into the model's layers.
+
+    KV, per attention layer:  k [num_blocks, block_size, kv_heads, head_dim]
+                              v [num_blocks, block_size, kv_heads, v_head_dim]     (model dtype)
+    state, per linear layer:  conv [num_slots, conv_channels, conv_kernel - 1]      (model dtype)
+                              ssm  [num_slots, *LinearSpec.state_shape]             (fp32)
+A block id or slot id indexes the same row in every layer's tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from flashstate.models.base import HybridForCausalLM
+from flashstate.models.spec import ModelSpec
+
+STATE_DTYPE = torch.float32
+
+
+def kv_bytes_per_block(spec: ModelSpec, block_size: int, dtype: torch.dtype) -> int:
+    a = spec.attention
+    if a is None or not spec.attention_layer_ids:
+        return 0
+    per_token = a.num_kv_heads * (a.head_dim + a.v_head_dim) * dtype.itemsize
+    return per_token * block_size * len(spec.attention_layer_ids)
+
+
+def state_bytes_per_slot(spec: ModelSpec, dtype: torch.dtype) -> int:
+    lin = spec.linear
+    if lin is None or not spec.linear_layer_ids:
+        return 0
+    conv = lin.conv_channels * (lin.conv_kernel - 1) * dtype.itemsize
+    ssm = STATE_DTYPE.itemsize
+    for d in lin.state_shape:
+        ssm *= d
+    return (conv + ssm) * len(spec.linear_layer_ids)
+
+
+@dataclass(slots=True)
+class CacheTensors:
+    kv: list[tuple[Tensor, Tensor]]
+    states: list[tuple[Tensor, Tensor]]
+
+    @classmethod
+    def allocate(
+        cls,
+        spec: ModelSpec,
+        num_blocks: int,
+        block_size: int,
+        num_slots: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ) -> CacheTensors:
+        kv, states = [], []
+        a, lin = spec.attention, spec.linear
+        for _ in spec.attention_layer_ids:
+            kv.append(
+                (
+                    torch.zeros(num_blocks, block_size, a.num_kv_heads, a.head_dim, dtype=dtype, device=device),
+                    torch.zeros(num_blocks, block_size, a.num_kv_heads, a.v_head_dim, dtype=dtype, device=device),
+                )
+            )
+        for _ in spec.linear_layer_ids:
+            states.append(
+                (
+                    torch.zeros(num_slots, *lin.conv_state_shape, dtype=dtype, device=device),
+                    torch.zeros(num_slots, *lin.state_shape, dtype=STATE_DTYPE, device=device),
+                )
+            )
+        return cls(kv, states)
+
+    def bind(self, model: HybridForCausalLM) -> None:
+        model.bind_caches(self.kv, self.states)
+
+    def copy_slot(self, src: int, dst: int) -> None:
+        """Copy every linear layer's state from slot `src` to slot `dst`."""
+        for conv, ssm in self.states:
+            conv[dst].copy_(conv[src])
+            ssm[dst].copy_(ssm[src])
+
+    def copy_block(self, src: int, dst: int) -> None:
+        """Copy one KV block in every attention layer (copy-on-write of a partially filled block)."""
+        for k, v in self.kv:
+            k[dst].copy_(k[src])
+            v[dst].copy_(v[src])

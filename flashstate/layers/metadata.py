@@ -1,0 +1,118 @@
+"""ForwardMetadata: the one explicit description of a batch, built by the model runner, passed down.
+
+A batch holds N sequences, each contributing a span of new tokens; spans are flattened into T tokens.
+For sequence i:
+
+    | < cached: context_lens[i] - query_lens[i] > | < new: query_lens[i] > |
+    0                                                                   context_lens[i]
+
+    new tokens of i      = flat[cu_seqlens[i] : cu_seqlens[i + 1]]
+    their KV goes to     = slot_mapping[...]  (block * block_size + offset in the paged KV pool)
+    attention reads      = block_tables[i][: ceil(context_lens[i] / block_size)]
+    recurrent state      = state pool slot state_slots[i]: read before the span (zeros when
+                           has_initial_state[i] is False), overwritten with the state after it
+    exports              = for each e: the state right after flat token export_token_ids[e],
+                           written into state pool slot export_slots[e] (in the same pass)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(slots=True)
+class ForwardMetadata:
+    cu_seqlens: Tensor  # [N + 1] int64
+    positions: Tensor  # [T] int64, absolute position of each new token
+    context_lens: Tensor  # [N] int64
+    slot_mapping: Tensor  # [T] int64
+    block_tables: Tensor  # [N, max_blocks] int64, padded with 0 past each sequence's blocks
+    block_size: int
+    state_slots: Tensor  # [N] int64
+    has_initial_state: Tensor  # [N] bool
+    export_token_ids: Tensor  # [E] int64, flat token index; the state after that token
+    export_slots: Tensor  # [E] int64
+    # Host copies of the lengths, for reference ops that loop over sequences.
+    query_lens_cpu: list[int]
+    context_lens_cpu: list[int]
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens_cpu)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(sum(self.query_lens_cpu))
+
+    @property
+    def is_decode(self) -> bool:
+        """Every sequence contributes exactly one token."""
+        return all(n == 1 for n in self.query_lens_cpu)
+
+    @property
+    def num_exports(self) -> int:
+        return int(self.export_token_ids.numel())
+
+    @classmethod
+    def build(
+        cls,
+        query_lens: list[int],
+        context_lens: list[int],
+        block_tables: list[list[int]],
+        block_size: int,
+        state_slots: list[int],
+        has_initial_state: list[bool] | None = None,
+        exports: list[tuple[int, int, int]] | None = None,
+        device: torch.device | str = "cpu",
+    ) -> ForwardMetadata:
+        """Build from host lists.
+
+        `exports`: (sequence index, number of new tokens of that sequence processed, destination slot);
+        the count is in [1, query_lens[i]]: export (i, query_lens[i], s) copies the final state.
+        """
+        n = len(query_lens)
+        if not (len(context_lens) == len(block_tables) == len(state_slots) == n):
+            raise ValueError("query_lens, context_lens, block_tables and state_slots must have one entry per sequence")
+        if has_initial_state is None:
+            has_initial_state = [c > q for q, c in zip(query_lens, context_lens, strict=True)]
+        cu = [0]
+        positions: list[int] = []
+        slots: list[int] = []
+        for i, (q, c) in enumerate(zip(query_lens, context_lens, strict=True)):
+            if q < 1 or c < q:
+                raise ValueError(f"sequence {i}: need 1 <= query_len <= context_len, got {q}, {c}")
+            if len(block_tables[i]) * block_size < c:
+                raise ValueError(f"sequence {i}: {len(block_tables[i])} blocks cannot hold {c} tokens")
+            cu.append(cu[-1] + q)
+            for p in range(c - q, c):
+                positions.append(p)
+                slots.append(block_tables[i][p // block_size] * block_size + p % block_size)
+        width = max((len(t) for t in block_tables), default=0)
+        table = [t + [0] * (width - len(t)) for t in block_tables]
+        export_ids, export_slots = [], []
+        for seq, count, slot in exports or []:
+            if not 1 <= count <= query_lens[seq]:
+                raise ValueError(f"export of sequence {seq} after {count} tokens is outside its span")
+            export_ids.append(cu[seq] + count - 1)
+            export_slots.append(slot)
+
+        def t(x: list, dtype: torch.dtype = torch.int64) -> Tensor:
+            return torch.tensor(x, dtype=dtype, device=device)
+
+        return cls(
+            cu_seqlens=t(cu),
+            positions=t(positions),
+            context_lens=t(context_lens),
+            slot_mapping=t(slots),
+            block_tables=t(table).reshape(n, width),
+            block_size=block_size,
+            state_slots=t(state_slots),
+            has_initial_state=t(has_initial_state, torch.bool),
+            export_token_ids=t(export_ids),
+            export_slots=t(export_slots),
+            query_lens_cpu=list(query_lens),
+            context_lens_cpu=list(context_lens),
+        )

@@ -1,0 +1,97 @@
+"""Load an HF-format model directory: config.json, model.safetensors (or shards + index), tokenizer.
+
+Names are matched exactly against the module tree; anything missing, unexpected, or of the wrong shape
+or dtype raises `CheckpointError` naming the tensor — a model is never left partly random.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from flashstate.models.base import HybridForCausalLM
+from flashstate.models.registry import build_model
+from flashstate.models.spec import ModelSpec
+
+
+class CheckpointError(ValueError):
+    pass
+
+
+def checkpoint_files(path: Path) -> list[Path]:
+    single = path / "model.safetensors"
+    index = path / "model.safetensors.index.json"
+    if single.is_file():
+        return [single]
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise CheckpointError(f"{index}: not a safetensors index ({e})") from e
+        files = [path / name for name in sorted(set(weight_map.values()))]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise CheckpointError(f"{index} names shard(s) that do not exist: {', '.join(missing)}")
+        return files
+    raise CheckpointError(f"no model.safetensors or model.safetensors.index.json in {path}")
+
+
+def load_weights(model: HybridForCausalLM, files: list[Path], strict_dtype: bool = True) -> None:
+    params = dict(model.named_parameters())
+    params.update((k, v) for k, v in model.named_buffers() if k in model.state_dict())
+    tied = "lm_head.weight" if model.spec.tie_word_embeddings else None
+    seen: set[str] = set()
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                if name == tied:
+                    continue
+                if name not in params:
+                    raise CheckpointError(f"unexpected tensor {name!r} in {file.name}")
+                if name in seen:
+                    raise CheckpointError(f"tensor {name!r} appears in more than one shard")
+                tensor = f.get_tensor(name)
+                target = params[name]
+                if tuple(tensor.shape) != tuple(target.shape):
+                    raise CheckpointError(
+                        f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}"
+                    )
+                if strict_dtype and tensor.dtype != target.dtype and tensor.is_floating_point():
+                    raise CheckpointError(
+                        f"tensor {name!r} has dtype {tensor.dtype}, expected {target.dtype}"
+                    )
+                with torch.no_grad():
+                    target.copy_(tensor)
+                seen.add(name)
+    missing = sorted(set(params) - seen - ({tied} if tied else set()))
+    if model.spec.tie_word_embeddings:
+        missing = [m for m in missing if m != "lm_head.weight"]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckpointError(f"missing tensor {missing[0]!r}{more} in checkpoint")
+
+
+def load_model(
+    path: str | Path, dtype: torch.dtype | None = None, device: torch.device | str = "cpu"
+) -> HybridForCausalLM:
+    """Build the model named by `path/config.json` and load its safetensors.
+
+    The checkpoint must store the dtype the model is built in (`dtype`, default the config's); pass
+    `dtype` to cast after loading.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"model directory {path} does not exist")
+    spec = ModelSpec.from_hf(path)
+    files = checkpoint_files(path)
+    with torch.device("meta"):
+        model = build_model(spec)
+    model = model.to_empty(device=device).to(spec.dtype)
+    load_weights(model, files)
+    model.post_load()
+    if dtype is not None and dtype != spec.dtype:
+        model = model.to(dtype)
+    return model.eval()

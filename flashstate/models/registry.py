@@ -1,0 +1,25 @@
+"""Architecture name → model class."""
+
+from __future__ import annotations
+
+import importlib
+
+from flashstate.models.base import HybridForCausalLM
+from flashstate.models.spec import ModelSpec, UnsupportedModelError
+
+_CLASSES = {
+    "Qwen3NextForCausalLM": "flashstate.models.qwen3_next:Qwen3NextForCausalLM",
+    "NemotronHForCausalLM": "flashstate.models.nemotron_h:NemotronHForCausalLM",
+    "KimiLinearForCausalLM": "flashstate.models.kimi_linear:KimiLinearForCausalLM",
+}
+
+
+def model_class(spec: ModelSpec) -> type[HybridForCausalLM]:
+    if spec.architecture not in _CLASSES:
+        raise UnsupportedModelError(f"no model class for {spec.architecture}")
+    module, name = _CLASSES[spec.architecture].split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def build_model(spec: ModelSpec) -> HybridForCausalLM:
+    return model_class(spec)(spec)

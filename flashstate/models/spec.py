@@ -1,0 +1,418 @@
+"""ModelSpec: a frozen, normalised description of a hybrid model.
+
+`ModelSpec.from_hf(config)` is the one place HF config names are read. Everything downstream (models,
+pools, cost model, presets) reads the spec, never the raw config.
+
+A layer is a `LayerSpec(mixer, ffn)`:
+    mixer ∈ {"attention", "linear", None}   token mixing (None: Nemotron-H MLP/MoE-only layers)
+    ffn   ∈ {"mlp", "moe", None}            channel mixing (None: Nemotron-H mixer-only layers)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+SUPPORTED_ARCHITECTURES = ("Qwen3NextForCausalLM", "NemotronHForCausalLM", "KimiLinearForCausalLM")
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class UnsupportedModelError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class LayerSpec:
+    mixer: Literal["attention", "linear"] | None
+    ffn: Literal["mlp", "moe"] | None
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionSpec:
+    """Full-attention layers. `head_dim` is the q·k dim, `v_head_dim` the value dim."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    rotary_dim: int  # 0: no rotary embedding (NoPE)
+    rope_theta: float
+    bias: bool = False
+    output_gate: bool = False  # Qwen3-Next: q_proj also emits a sigmoid gate on the output
+    qk_norm: bool = False
+    # Multi-head latent attention (Kimi-Linear); None for plain GQA.
+    kv_lora_rank: int | None = None
+    q_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    qk_rope_head_dim: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LinearSpec:
+    """Linear-attention / SSM layers; the recurrent state per sequence is [num_heads, k_dim, v_dim].
+
+    kind           heads                     k_dim          v_dim        conv channels
+    gated_deltanet num_v_heads (q/k: num_k)  head_k_dim     head_v_dim   2·nk·dk + nv·dv
+    kda            num_heads                 head_dim       head_dim     3·h·d (q, k, v convs)
+    mamba2         num_heads                 d_state        head_dim     inner + 2·n_groups·d_state
+    Mamba2's state is stored [heads, head_dim, d_state] as in HF; `state_shape` returns it as is.
+    """
+
+    kind: Literal["gated_deltanet", "kda", "mamba2"]
+    num_heads: int
+    num_k_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    conv_kernel: int
+    conv_channels: int
+    n_groups: int = 1  # mamba2
+    d_state: int = 0  # mamba2
+    conv_bias: bool = False
+    proj_bias: bool = False
+    time_step_limit: tuple[float, float] = (0.0, float("inf"))  # mamba2
+    chunk_size: int = 64
+
+    @property
+    def state_shape(self) -> tuple[int, int, int]:
+        if self.kind == "mamba2":
+            return (self.num_heads, self.head_v_dim, self.d_state)
+        return (self.num_heads, self.head_k_dim, self.head_v_dim)
+
+    @property
+    def conv_state_shape(self) -> tuple[int, int]:
+        """The last `conv_kernel - 1` conv inputs: [channels, kernel - 1]."""
+        return (self.conv_channels, self.conv_kernel - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class MlpSpec:
+    intermediate_size: int
+    act: str  # "silu" (gated SwiGLU) or "relu2" (Nemotron-H, ungated)
+    bias: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class MoeSpec:
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    shared_intermediate_size: int  # 0: no shared expert
+    num_shared_experts: int
+    norm_topk_prob: bool
+    act: str
+    scoring: Literal["softmax", "sigmoid"] = "softmax"
+    routed_scaling_factor: float = 1.0
+    n_group: int = 1
+    topk_group: int = 1
+    shared_expert_gate: bool = False  # Qwen3-Next: sigmoid gate on the shared expert
+    correction_bias: bool = False  # e_score_correction_bias (DeepSeek-style routers)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    layers: tuple[LayerSpec, ...]
+    attention: AttentionSpec | None
+    linear: LinearSpec | None
+    mlp: MlpSpec | None
+    moe: MoeSpec | None
+    norm_eps: float
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+    dtype: torch.dtype = torch.float32
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+    pad_token_id: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def attention_layer_ids(self) -> list[int]:
+        return [i for i, layer in enumerate(self.layers) if layer.mixer == "attention"]
+
+    @property
+    def linear_layer_ids(self) -> list[int]:
+        return [i for i, layer in enumerate(self.layers) if layer.mixer == "linear"]
+
+    @classmethod
+    def from_hf(cls, config: dict[str, Any] | str | Path) -> ModelSpec:
+        """Build from an HF `config.json` (a path, a directory holding one, or the parsed dict)."""
+        if not isinstance(config, dict):
+            path = Path(config)
+            if path.is_dir():
+                path = path / "config.json"
+            if not path.is_file():
+                raise FileNotFoundError(f"no config.json at {path}")
+            config = json.loads(path.read_text())
+        archs = config.get("architectures") or []
+        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        if arch is None:
+            raise UnsupportedModelError(
+                f"unsupported architecture {archs or config.get('model_type')!r}; "
+                f"flashstate supports {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        parse = {
+            "Qwen3NextForCausalLM": _qwen3_next,
+            "NemotronHForCausalLM": _nemotron_h,
+            "KimiLinearForCausalLM": _kimi_linear,
+        }[arch]
+        return parse(config)
+
+
+def _dtype(cfg: dict) -> torch.dtype:
+    name = cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
+    if name not in _DTYPES:
+        raise UnsupportedModelError(f"unsupported dtype {name!r}")
+    return _DTYPES[name]
+
+
+def _ids(value: int | list[int] | None) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, list) else (value,)
+
+
+def _rope(cfg: dict) -> dict:
+    rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    rope.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
+    rope.setdefault("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+    return rope
+
+
+def _common(cfg: dict) -> dict:
+    return dict(
+        vocab_size=cfg["vocab_size"],
+        hidden_size=cfg["hidden_size"],
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        max_position_embeddings=cfg.get("max_position_embeddings", 32768),
+        dtype=_dtype(cfg),
+        eos_token_ids=_ids(cfg.get("eos_token_id")),
+        bos_token_id=cfg.get("bos_token_id"),
+        pad_token_id=cfg.get("pad_token_id"),
+    )
+
+
+def _qwen3_next(cfg: dict) -> ModelSpec:
+    n = cfg["num_hidden_layers"]
+    types = cfg.get("layer_types") or [
+        "linear_attention" if (i + 1) % cfg.get("full_attention_interval", 4) else "full_attention"
+        for i in range(n)
+    ]
+    mlp_only = set(cfg.get("mlp_only_layers") or [])
+    step = cfg.get("decoder_sparse_step", 1)
+    num_experts = cfg.get("num_experts", 0)
+
+    def ffn(i: int) -> str:
+        is_moe = i not in mlp_only and num_experts > 0 and step > 0 and (i + 1) % step == 0
+        return "moe" if is_moe else "mlp"
+
+    layers = tuple(
+        LayerSpec("attention" if t == "full_attention" else "linear", ffn(i)) for i, t in enumerate(types)
+    )
+    rope = _rope(cfg)
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    return ModelSpec(
+        architecture="Qwen3NextForCausalLM",
+        layers=layers,
+        attention=AttentionSpec(
+            num_heads=cfg["num_attention_heads"],
+            num_kv_heads=cfg["num_key_value_heads"],
+            head_dim=head_dim,
+            v_head_dim=head_dim,
+            rotary_dim=int(head_dim * rope["partial_rotary_factor"]),
+            rope_theta=float(rope["rope_theta"]),
+            bias=bool(cfg.get("attention_bias", False)),
+            output_gate=True,
+            qk_norm=True,
+        ),
+        linear=LinearSpec(
+            kind="gated_deltanet",
+            num_heads=nv,
+            num_k_heads=nk,
+            head_k_dim=dk,
+            head_v_dim=dv,
+            conv_kernel=cfg.get("linear_conv_kernel_dim", 4),
+            conv_channels=2 * nk * dk + nv * dv,
+        ),
+        mlp=MlpSpec(cfg["intermediate_size"], cfg.get("hidden_act", "silu")),
+        moe=MoeSpec(
+            num_experts=num_experts,
+            top_k=cfg.get("num_experts_per_tok", 1),
+            intermediate_size=cfg.get("moe_intermediate_size", 0),
+            shared_intermediate_size=cfg.get("shared_expert_intermediate_size", 0),
+            num_shared_experts=1 if cfg.get("shared_expert_intermediate_size", 0) else 0,
+            norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+            act=cfg.get("hidden_act", "silu"),
+            shared_expert_gate=True,
+        )
+        if num_experts
+        else None,
+        norm_eps=cfg.get("rms_norm_eps", 1e-6),
+        **_common(cfg),
+    )
+
+
+_NEMOTRON_PATTERN = {"M": ("linear", None), "*": ("attention", None), "-": (None, "mlp"), "E": (None, "moe")}
+_NEMOTRON_TYPES = {
+    "mamba": ("linear", None),
+    "linear_attention": ("linear", None),
+    "attention": ("attention", None),
+    "full_attention": ("attention", None),
+    "mlp": (None, "mlp"),
+    "moe": (None, "moe"),
+}
+
+
+def _nemotron_h(cfg: dict) -> ModelSpec:
+    types = cfg.get("layer_types") or cfg.get("layers_block_type")
+    if types is None:
+        pattern = cfg.get("hybrid_override_pattern")
+        if pattern is None:
+            raise UnsupportedModelError("Nemotron-H config names no layer types (layers_block_type)")
+        layers = tuple(LayerSpec(*_NEMOTRON_PATTERN[c]) for c in pattern)
+    else:
+        unknown = sorted(set(types) - set(_NEMOTRON_TYPES))
+        if unknown:
+            raise UnsupportedModelError(f"unknown Nemotron-H layer types {unknown}")
+        layers = tuple(LayerSpec(*_NEMOTRON_TYPES[t]) for t in types)
+    hidden = cfg["hidden_size"]
+    heads = cfg.get("mamba_num_heads", 128)
+    head_dim = cfg.get("mamba_head_dim", 64)
+    groups = cfg.get("n_groups", cfg.get("mamba_n_groups", 8))
+    d_state = cfg.get("ssm_state_size", 128)
+    inner = heads * head_dim
+    head_attn = cfg.get("head_dim") or hidden // cfg["num_attention_heads"]
+    limit = cfg.get("time_step_limit", cfg.get("mamba_dt_limit", (0.0, float("inf"))))
+    return ModelSpec(
+        architecture="NemotronHForCausalLM",
+        layers=layers,
+        attention=AttentionSpec(
+            num_heads=cfg["num_attention_heads"],
+            num_kv_heads=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
+            head_dim=head_attn,
+            v_head_dim=head_attn,
+            rotary_dim=0,
+            rope_theta=0.0,
+            bias=bool(cfg.get("attention_bias", False)),
+        ),
+        linear=LinearSpec(
+            kind="mamba2",
+            num_heads=heads,
+            num_k_heads=heads,
+            head_k_dim=d_state,
+            head_v_dim=head_dim,
+            conv_kernel=cfg.get("conv_kernel", cfg.get("mamba_d_conv", 4)),
+            conv_channels=inner + 2 * groups * d_state,
+            n_groups=groups,
+            d_state=d_state,
+            conv_bias=bool(cfg.get("use_conv_bias", True)),
+            proj_bias=bool(cfg.get("mamba_proj_bias", False)),
+            time_step_limit=(float(limit[0]), float(limit[1])),
+            chunk_size=cfg.get("chunk_size", 128),
+        ),
+        mlp=MlpSpec(cfg["intermediate_size"], cfg.get("mlp_hidden_act", "relu2"), bool(cfg.get("mlp_bias"))),
+        moe=MoeSpec(
+            num_experts=cfg.get("n_routed_experts", 0),
+            top_k=cfg.get("num_experts_per_tok", 1),
+            intermediate_size=cfg.get("moe_intermediate_size", 0),
+            shared_intermediate_size=cfg.get("moe_shared_expert_intermediate_size", 0),
+            num_shared_experts=cfg.get("n_shared_experts", 0),
+            norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+            act=cfg.get("mlp_hidden_act", "relu2"),
+            scoring="sigmoid",
+            routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)),
+            n_group=cfg.get("n_group", 1),
+            topk_group=cfg.get("topk_group", 1),
+            correction_bias=True,
+        )
+        if any(layer.ffn == "moe" for layer in layers)
+        else None,
+        norm_eps=cfg.get("layer_norm_epsilon", 1e-5),
+        **_common(cfg),
+    )
+
+
+def _kimi_linear(cfg: dict) -> ModelSpec:
+    n = cfg["num_hidden_layers"]
+    lin = cfg.get("linear_attn_config") or {}
+    types = cfg.get("layer_types")
+    if types is None:
+        if "full_attn_layers" in lin and "kda_layers" in lin:
+            types = [None] * n
+            for i in lin["full_attn_layers"]:  # 1-indexed in checkpoints
+                types[i - 1] = "full_attention"
+            for i in lin["kda_layers"]:
+                types[i - 1] = "linear_attention"
+        else:
+            types = ["full_attention" if i and i % 4 == 0 else "linear_attention" for i in range(n)]
+    mlp_types = cfg.get("mlp_layer_types") or [
+        "dense" if i < cfg.get("first_k_dense_replace", 1) else "sparse" for i in range(n)
+    ]
+    layers = tuple(
+        LayerSpec(
+            "attention" if t == "full_attention" else "linear", "moe" if m == "sparse" else "mlp"
+        )
+        for t, m in zip(types, mlp_types, strict=True)
+    )
+    heads = lin.get("num_heads", cfg.get("linear_num_heads", 32))
+    hd = lin.get("head_dim", cfg.get("linear_head_dim", 128))
+    nope, rope_dim = cfg.get("qk_nope_head_dim", 128), cfg.get("qk_rope_head_dim", 64)
+    num_experts = cfg.get("num_experts", cfg.get("num_local_experts", 0))
+    return ModelSpec(
+        architecture="KimiLinearForCausalLM",
+        layers=layers,
+        attention=AttentionSpec(
+            num_heads=cfg["num_attention_heads"],
+            num_kv_heads=cfg["num_attention_heads"],
+            head_dim=nope + rope_dim,
+            v_head_dim=cfg.get("v_head_dim") or 128,
+            rotary_dim=0,
+            rope_theta=float(_rope(cfg)["rope_theta"]),
+            bias=bool(cfg.get("attention_bias", False)),
+            kv_lora_rank=cfg.get("kv_lora_rank", 512),
+            q_lora_rank=cfg.get("q_lora_rank"),
+            qk_nope_head_dim=nope,
+            qk_rope_head_dim=rope_dim,
+        ),
+        linear=LinearSpec(
+            kind="kda",
+            num_heads=heads,
+            num_k_heads=heads,
+            head_k_dim=hd,
+            head_v_dim=hd,
+            conv_kernel=lin.get("short_conv_kernel_size", cfg.get("linear_conv_kernel_dim", 4)),
+            conv_channels=3 * heads * hd,
+        ),
+        mlp=MlpSpec(cfg["intermediate_size"], cfg.get("hidden_act", "silu")),
+        moe=MoeSpec(
+            num_experts=num_experts,
+            top_k=cfg.get("num_experts_per_token", cfg.get("num_experts_per_tok", 1)),
+            intermediate_size=cfg.get("moe_intermediate_size", 0),
+            shared_intermediate_size=cfg.get("moe_intermediate_size", 0)
+            * cfg.get("num_shared_experts", cfg.get("n_shared_experts", 0)),
+            num_shared_experts=cfg.get("num_shared_experts", cfg.get("n_shared_experts", 0)),
+            norm_topk_prob=bool(cfg.get("moe_renormalize", cfg.get("norm_topk_prob", True))),
+            act=cfg.get("hidden_act", "silu"),
+            scoring="sigmoid",
+            routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)),
+            n_group=cfg.get("num_expert_group", cfg.get("n_group", 1)),
+            topk_group=cfg.get("topk_group", 1),
+            correction_bias=True,
+        )
+        if num_experts
+        else None,
+        norm_eps=cfg.get("rms_norm_eps", 1e-5),
+        **_common(cfg),
+    )

@@ -1,0 +1,54 @@
+"""Short causal depthwise conv over a varlen batch with pooled conv states (the oracle)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def causal_conv1d(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    *,
+    conv_state_pool: Tensor,
+    state_indices: Tensor,
+    has_initial_state: Tensor,
+    cu_seqlens: Tensor,
+    export_token_ids: Tensor | None = None,
+    activation: str | None = "silu",
+) -> tuple[Tensor, Tensor]:
+    """y[t] = act(bias + Σ_j weight[:, j] · x[t - K + 1 + j]), reaching into the pooled state before t = 0.
+
+    x: [T, D]; weight: [D, K]; conv_state_pool: [S, D, K - 1] holds each slot's last K - 1 inputs
+    (oldest first). Returns y: [T, D] and the exported conv states [E, D, K - 1]. Pool slots
+    `state_indices` are overwritten with the last K - 1 inputs of each span.
+    """
+    width = weight.shape[1] - 1
+    ys, exported = [], {}
+    export = [] if export_token_ids is None else export_token_ids.tolist()
+    bounds = cu_seqlens.tolist()
+    for i in range(len(bounds) - 1):
+        start, end = bounds[i], bounds[i + 1]
+        slot = int(state_indices[i])
+        prev = conv_state_pool[slot] if bool(has_initial_state[i]) else conv_state_pool.new_zeros(
+            conv_state_pool.shape[1:]
+        )
+        seq = torch.cat([prev.to(x.dtype), x[start:end].T], dim=1)  # [D, K - 1 + L]
+        y = F.conv1d(seq.unsqueeze(0), weight.unsqueeze(1), bias, groups=seq.shape[0])[0]  # [D, L]
+        ys.append(y.T)
+        for e, t in enumerate(export):
+            if start <= t < end:
+                n = t - start + 1
+                exported[e] = seq[:, n : n + width]
+        conv_state_pool[slot] = seq[:, seq.shape[1] - width :].to(conv_state_pool.dtype)
+    y = torch.cat(ys, dim=0)
+    if activation == "silu":
+        y = F.silu(y)
+    elif activation is not None:
+        raise ValueError(f"unsupported activation {activation!r}")
+    out = conv_state_pool.new_empty((len(export), *conv_state_pool.shape[1:]))
+    for e in range(len(export)):
+        out[e] = exported[e]
+    return y, out
