@@ -43,6 +43,7 @@ class PagedHarness:
     ) -> list[Tensor]:
         """Feed new tokens per sequence id (a sequence id's slot is the id itself); returns per-sequence
         logits [L, vocab]. `exports`: (sequence id, tokens of its span, destination slot)."""
+        self.caches.bind(self.model)  # another harness on the same model may have rebound its caches
         ids = list(batch)
         query, context, tables, slots = [], [], [], []
         for seq in ids:

@@ -58,6 +58,11 @@ class HybridForCausalLM(nn.Module):
     def post_load(self) -> None:
         """Recompute non-persistent buffers (rotary tables…) after weights were loaded onto a real device."""
 
+    def checkpoint_name(self, name: str) -> str:
+        """The module-tree name of checkpoint tensor `name`: identity, unless a family's checkpoints spell
+        some names in more than one way."""
+        return name
+
     def attention_mixers(self) -> list[AttentionMixer]:
         return [m for m in self.modules() if isinstance(m, AttentionMixer)]
 

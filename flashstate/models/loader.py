@@ -46,14 +46,15 @@ def load_weights(model: HybridForCausalLM, files: list[Path], strict_dtype: bool
     seen: set[str] = set()
     for file in files:
         with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+            for stored in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                name = model.checkpoint_name(stored)
                 if name == tied:
                     continue
                 if name not in params:
-                    raise CheckpointError(f"unexpected tensor {name!r} in {file.name}")
+                    raise CheckpointError(f"unexpected tensor {stored!r} in {file.name}")
                 if name in seen:
-                    raise CheckpointError(f"tensor {name!r} appears in more than one shard")
-                tensor = f.get_tensor(name)
+                    raise CheckpointError(f"tensor {name!r} appears more than once in the checkpoint")
+                tensor = f.get_tensor(stored)
                 target = params[name]
                 if tuple(tensor.shape) != tuple(target.shape):
                     raise CheckpointError(

@@ -111,6 +111,7 @@ class MoeSpec:
     topk_group: int = 1
     shared_expert_gate: bool = False  # Qwen3-Next: sigmoid gate on the shared expert
     correction_bias: bool = False  # e_score_correction_bias (DeepSeek-style routers)
+    latent_size: int | None = None  # Nemotron-H: routed experts run in a projected latent space
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +204,7 @@ def _common(cfg: dict) -> dict:
 
 
 def _qwen3_next(cfg: dict) -> ModelSpec:
+    """Absent keys take `Qwen3NextConfig`'s defaults (e.g. 512 experts, partial rotary 0.25)."""
     n = cfg["num_hidden_layers"]
     types = cfg.get("layer_types") or [
         "linear_attention" if (i + 1) % cfg.get("full_attention_interval", 4) else "full_attention"
@@ -210,7 +212,7 @@ def _qwen3_next(cfg: dict) -> ModelSpec:
     ]
     mlp_only = set(cfg.get("mlp_only_layers") or [])
     step = cfg.get("decoder_sparse_step", 1)
-    num_experts = cfg.get("num_experts", 0)
+    num_experts = cfg.get("num_experts", 512)
 
     def ffn(i: int) -> str:
         is_moe = i not in mlp_only and num_experts > 0 and step > 0 and (i + 1) % step == 0
@@ -219,16 +221,21 @@ def _qwen3_next(cfg: dict) -> ModelSpec:
     layers = tuple(
         LayerSpec("attention" if t == "full_attention" else "linear", ffn(i)) for i, t in enumerate(types)
     )
-    rope = _rope(cfg)
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
-    dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    rope = _rope({"partial_rotary_factor": 0.25, **cfg})
+    if rope.get("rope_type", "default") != "default":
+        raise UnsupportedModelError(f"Qwen3-Next rope_type {rope['rope_type']!r} is not supported")
+    head_dim = cfg.get("head_dim") or 256
+    nk, nv = cfg.get("linear_num_key_heads", 16), cfg.get("linear_num_value_heads", 32)
+    dk, dv = cfg.get("linear_key_head_dim", 128), cfg.get("linear_value_head_dim", 128)
+    if nv % nk:
+        raise UnsupportedModelError(f"{nv} linear value heads are not a multiple of {nk} key heads")
+    shared = cfg.get("shared_expert_intermediate_size", 512)
     return ModelSpec(
         architecture="Qwen3NextForCausalLM",
         layers=layers,
         attention=AttentionSpec(
             num_heads=cfg["num_attention_heads"],
-            num_kv_heads=cfg["num_key_value_heads"],
+            num_kv_heads=cfg.get("num_key_value_heads", 2),
             head_dim=head_dim,
             v_head_dim=head_dim,
             rotary_dim=int(head_dim * rope["partial_rotary_factor"]),
@@ -246,18 +253,18 @@ def _qwen3_next(cfg: dict) -> ModelSpec:
             conv_kernel=cfg.get("linear_conv_kernel_dim", 4),
             conv_channels=2 * nk * dk + nv * dv,
         ),
-        mlp=MlpSpec(cfg["intermediate_size"], cfg.get("hidden_act", "silu")),
+        mlp=MlpSpec(cfg.get("intermediate_size", 5632), cfg.get("hidden_act", "silu")),
         moe=MoeSpec(
             num_experts=num_experts,
-            top_k=cfg.get("num_experts_per_tok", 1),
-            intermediate_size=cfg.get("moe_intermediate_size", 0),
-            shared_intermediate_size=cfg.get("shared_expert_intermediate_size", 0),
-            num_shared_experts=1 if cfg.get("shared_expert_intermediate_size", 0) else 0,
+            top_k=cfg.get("num_experts_per_tok", 10),
+            intermediate_size=cfg.get("moe_intermediate_size", 512),
+            shared_intermediate_size=shared,
+            num_shared_experts=1,  # HF always builds the shared expert and its gate
             norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
             act=cfg.get("hidden_act", "silu"),
             shared_expert_gate=True,
         )
-        if num_experts
+        if any(layer.ffn == "moe" for layer in layers)
         else None,
         norm_eps=cfg.get("rms_norm_eps", 1e-6),
         **_common(cfg),
@@ -276,6 +283,7 @@ _NEMOTRON_TYPES = {
 
 
 def _nemotron_h(cfg: dict) -> ModelSpec:
+    """Absent keys take `NemotronHConfig`'s defaults; config keys HF's modeling code ignores, we ignore."""
     types = cfg.get("layer_types") or cfg.get("layers_block_type")
     if types is None:
         pattern = cfg.get("hybrid_override_pattern")
@@ -287,25 +295,30 @@ def _nemotron_h(cfg: dict) -> ModelSpec:
         if unknown:
             raise UnsupportedModelError(f"unknown Nemotron-H layer types {unknown}")
         layers = tuple(LayerSpec(*_NEMOTRON_TYPES[t]) for t in types)
-    hidden = cfg["hidden_size"]
+    if (mamba_act := cfg.get("mamba_hidden_act", "silu")) != "silu":
+        raise UnsupportedModelError(f"Nemotron-H mamba_hidden_act {mamba_act!r} is not supported")
     heads = cfg.get("mamba_num_heads", 128)
     head_dim = cfg.get("mamba_head_dim", 64)
     groups = cfg.get("n_groups", cfg.get("mamba_n_groups", 8))
     d_state = cfg.get("ssm_state_size", 128)
-    inner = heads * head_dim
-    head_attn = cfg.get("head_dim") or hidden // cfg["num_attention_heads"]
-    limit = cfg.get("time_step_limit", cfg.get("mamba_dt_limit", (0.0, float("inf"))))
+    inner = heads * head_dim  # HF ignores `expand`
+    if heads % groups:
+        raise UnsupportedModelError(f"mamba_num_heads {heads} is not a multiple of n_groups {groups}")
+    head_attn = cfg.get("head_dim") or 128
+    # HF's NemotronHMamba2Mixer clamps Δ to (time_step_min, inf) and ignores `time_step_limit`.
+    dt_min = float(cfg.get("time_step_min", cfg.get("mamba_dt_min", 0.001)))
+    act = cfg.get("mlp_hidden_act", "relu2")
     return ModelSpec(
         architecture="NemotronHForCausalLM",
         layers=layers,
         attention=AttentionSpec(
-            num_heads=cfg["num_attention_heads"],
-            num_kv_heads=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
+            num_heads=cfg.get("num_attention_heads", 32),
+            num_kv_heads=cfg.get("num_key_value_heads") or cfg.get("num_attention_heads", 32),
             head_dim=head_attn,
             v_head_dim=head_attn,
-            rotary_dim=0,
+            rotary_dim=0,  # no positional encoding in the attention layers
             rope_theta=0.0,
-            bias=bool(cfg.get("attention_bias", False)),
+            bias=False,  # HF's NemotronHAttention has no biases whatever `attention_bias` says
         ),
         linear=LinearSpec(
             kind="mamba2",
@@ -317,35 +330,40 @@ def _nemotron_h(cfg: dict) -> ModelSpec:
             conv_channels=inner + 2 * groups * d_state,
             n_groups=groups,
             d_state=d_state,
-            conv_bias=bool(cfg.get("use_conv_bias", True)),
-            proj_bias=bool(cfg.get("mamba_proj_bias", False)),
-            time_step_limit=(float(limit[0]), float(limit[1])),
-            chunk_size=cfg.get("chunk_size", 128),
+            conv_bias=bool(cfg.get("use_conv_bias", cfg.get("mamba_conv_bias", True))),
+            proj_bias=bool(cfg.get("use_bias", False)),  # HF's in_proj/out_proj read `use_bias`
+            time_step_limit=(dt_min, float("inf")),
+            chunk_size=cfg.get("chunk_size", cfg.get("mamba_chunk_size", 128)),
         ),
-        mlp=MlpSpec(cfg["intermediate_size"], cfg.get("mlp_hidden_act", "relu2"), bool(cfg.get("mlp_bias"))),
+        mlp=MlpSpec(cfg.get("intermediate_size", 21504), act, bool(cfg.get("mlp_bias", False))),
         moe=MoeSpec(
-            num_experts=cfg.get("n_routed_experts", 0),
-            top_k=cfg.get("num_experts_per_tok", 1),
-            intermediate_size=cfg.get("moe_intermediate_size", 0),
-            shared_intermediate_size=cfg.get("moe_shared_expert_intermediate_size", 0),
-            num_shared_experts=cfg.get("n_shared_experts", 0),
+            num_experts=cfg.get("n_routed_experts", 8),
+            top_k=cfg.get("num_experts_per_tok", 2),
+            intermediate_size=cfg.get("moe_intermediate_size", 7688),
+            # HF always builds the (single) shared expert, whatever `n_shared_experts` says.
+            shared_intermediate_size=cfg.get("moe_shared_expert_intermediate_size", 7688),
+            num_shared_experts=1,
             norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
-            act=cfg.get("mlp_hidden_act", "relu2"),
+            act=act,
             scoring="sigmoid",
             routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)),
             n_group=cfg.get("n_group", 1),
             topk_group=cfg.get("topk_group", 1),
             correction_bias=True,
+            latent_size=cfg.get("moe_latent_size"),
         )
         if any(layer.ffn == "moe" for layer in layers)
         else None,
         norm_eps=cfg.get("layer_norm_epsilon", 1e-5),
-        **_common(cfg),
+        # HF's NemotronHForCausalLM never ties lm_head to the embeddings, whatever the config says.
+        **(_common(cfg) | {"tie_word_embeddings": False}),
     )
 
 
 def _kimi_linear(cfg: dict) -> ModelSpec:
-    n = cfg["num_hidden_layers"]
+    """Absent keys take `KimiLinearConfig`'s defaults; both HF's saved names and Moonshot's checkpoint
+    names (`linear_attn_config`, `first_k_dense_replace`) are read."""
+    n = cfg.get("num_hidden_layers", 27)
     lin = cfg.get("linear_attn_config") or {}
     types = cfg.get("layer_types")
     if types is None:
@@ -366,19 +384,29 @@ def _kimi_linear(cfg: dict) -> ModelSpec:
         )
         for t, m in zip(types, mlp_types, strict=True)
     )
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise UnsupportedModelError(f"Kimi-Linear hidden_act {cfg['hidden_act']!r} is not supported")
     heads = lin.get("num_heads", cfg.get("linear_num_heads", 32))
     hd = lin.get("head_dim", cfg.get("linear_head_dim", 128))
     nope, rope_dim = cfg.get("qk_nope_head_dim", 128), cfg.get("qk_rope_head_dim", 64)
-    num_experts = cfg.get("num_experts", cfg.get("num_local_experts", 0))
+    num_experts = cfg.get("num_experts", cfg.get("num_local_experts", 256))
+    num_shared = cfg.get("num_shared_experts", cfg.get("n_shared_experts", 1))
+    moe_inter = cfg.get("moe_intermediate_size", 1024)
+    attn_heads = cfg.get("num_attention_heads", 32)
+    common = _common(cfg) | {
+        "max_position_embeddings": cfg.get("model_max_length", cfg.get("max_position_embeddings", 1048576)),
+        # HF's KimiLinearForCausalLM never ties lm_head to the embeddings, whatever the config says.
+        "tie_word_embeddings": False,
+    }
     return ModelSpec(
         architecture="KimiLinearForCausalLM",
         layers=layers,
         attention=AttentionSpec(
-            num_heads=cfg["num_attention_heads"],
-            num_kv_heads=cfg["num_attention_heads"],
+            num_heads=attn_heads,
+            num_kv_heads=attn_heads,  # MLA: K/V are decompressed per query head
             head_dim=nope + rope_dim,
             v_head_dim=cfg.get("v_head_dim") or 128,
-            rotary_dim=0,
+            rotary_dim=0,  # NoPE: HF and Moonshot apply no rotary to the qk_rope part
             rope_theta=float(_rope(cfg)["rope_theta"]),
             bias=bool(cfg.get("attention_bias", False)),
             kv_lora_rank=cfg.get("kv_lora_rank", 512),
@@ -395,24 +423,23 @@ def _kimi_linear(cfg: dict) -> ModelSpec:
             conv_kernel=lin.get("short_conv_kernel_size", cfg.get("linear_conv_kernel_dim", 4)),
             conv_channels=3 * heads * hd,
         ),
-        mlp=MlpSpec(cfg["intermediate_size"], cfg.get("hidden_act", "silu")),
+        mlp=MlpSpec(cfg.get("intermediate_size", 9216), cfg.get("hidden_act", "silu")),
         moe=MoeSpec(
             num_experts=num_experts,
-            top_k=cfg.get("num_experts_per_token", cfg.get("num_experts_per_tok", 1)),
-            intermediate_size=cfg.get("moe_intermediate_size", 0),
-            shared_intermediate_size=cfg.get("moe_intermediate_size", 0)
-            * cfg.get("num_shared_experts", cfg.get("n_shared_experts", 0)),
-            num_shared_experts=cfg.get("num_shared_experts", cfg.get("n_shared_experts", 0)),
+            top_k=cfg.get("num_experts_per_token", cfg.get("num_experts_per_tok", 8)),
+            intermediate_size=moe_inter,
+            shared_intermediate_size=moe_inter * num_shared,
+            num_shared_experts=num_shared,
             norm_topk_prob=bool(cfg.get("moe_renormalize", cfg.get("norm_topk_prob", True))),
             act=cfg.get("hidden_act", "silu"),
             scoring="sigmoid",
-            routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)),
+            routed_scaling_factor=float(cfg.get("routed_scaling_factor", 2.446)),
             n_group=cfg.get("num_expert_group", cfg.get("n_group", 1)),
             topk_group=cfg.get("topk_group", 1),
             correction_bias=True,
         )
-        if num_experts
+        if any(layer.ffn == "moe" for layer in layers)
         else None,
         norm_eps=cfg.get("rms_norm_eps", 1e-5),
-        **_common(cfg),
+        **common,
     )

@@ -1,0 +1,197 @@
+"""LLMEngine: requests in, RequestOutputs out, one `step()` at a time.
+
+    batch = scheduler.schedule()
+    out = model_runner.run(batch)
+    postprocess(batch, out)          # advance computed lengths, append tokens, stop checks, retire
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from flashstate.cache.block_pool import BlockPool
+from flashstate.cache.manager import CacheManager
+from flashstate.cache.memory_plan import CachePlan, plan_cache
+from flashstate.cache.state_pool import StatePool
+from flashstate.config import EngineConfig
+from flashstate.engine.cache_tensors import CacheTensors
+from flashstate.engine.model_runner import ModelRunner
+from flashstate.engine.outputs import RequestOutput
+from flashstate.engine.scheduler import ScheduledBatch, Scheduler
+from flashstate.engine.sequence import Sequence
+from flashstate.engine.stop_checker import StopChecker
+from flashstate.models.loader import load_model
+from flashstate.sampling_params import SamplingParams
+from flashstate.tokenizer import Tokenizer
+
+logger = logging.getLogger("flashstate")
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+@dataclass(slots=True)
+class _Request:
+    seq: Sequence
+    stop: StopChecker
+    prompt: str | None
+    text: str = ""  # streamed so far: never holds a possible stop-string prefix
+    num_reported: int = 0  # generated tokens already reported
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig | None = None):
+        self.config = config = config or EngineConfig()
+        self.device = resolve_device(config.device)
+        model_dir = config.model
+        if model_dir is None:
+            from flashstate.models.presets import default_model_dir
+
+            model_dir = str(default_model_dir())
+        dtype = None if config.dtype == "auto" else _DTYPES[config.dtype]
+        torch.manual_seed(config.seed)
+        self.model = load_model(model_dir, dtype=dtype, device=self.device)
+        self.spec = self.model.spec
+        self.dtype = next(self.model.parameters()).dtype
+        self.tokenizer = Tokenizer.from_dir(config.tokenizer or model_dir)
+        self.eos_token_ids = tuple(self.tokenizer.eos_token_ids) or self.spec.eos_token_ids
+        self.max_model_len = config.max_model_len or self.spec.max_position_embeddings
+        self.plan: CachePlan = plan_cache(self.spec, config, self.dtype, self._cache_budget())
+        caches = CacheTensors.allocate(
+            self.spec, self.plan.num_blocks, config.block_size, self.plan.num_slots, self.dtype, self.device
+        )
+        self.cache = CacheManager(
+            BlockPool(self.plan.num_blocks, config.block_size), StatePool(self.plan.num_slots, caches.copy_slot)
+        )
+        self.scheduler = Scheduler(
+            self.cache, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len
+        )
+        self.runner = ModelRunner(self.model, caches, config.block_size, self.device)
+        self.requests: dict[str, _Request] = {}
+        self._ids = itertools.count()
+        logger.info("%s on %s (%s): %s", self.spec.architecture, self.device, self.dtype, self.plan.describe())
+
+    def _cache_budget(self) -> int:
+        if self.config.kv_cache_memory_bytes is not None:
+            return self.config.kv_cache_memory_bytes
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            used = total - free
+            return max(int(total * self.config.gpu_memory_utilization) - used, 0)
+        return self.config.cpu_cache_memory_bytes
+
+    # ---- requests -------------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> str:
+        """Tokenise and queue a request; raises ValueError (RequestTooLargeError) if it can never run."""
+        params = params or SamplingParams()
+        if isinstance(prompt, str):
+            text, token_ids = prompt, self.tokenizer.encode(prompt)
+        else:
+            text, token_ids = None, list(prompt)
+            bad = next((t for t in token_ids if not isinstance(t, int) or not 0 <= t < self.spec.vocab_size), None)
+            if bad is not None:
+                raise ValueError(f"prompt token id {bad!r} is outside the vocabulary [0, {self.spec.vocab_size})")
+        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        seq = Sequence(request_id, token_ids, params)
+        self.scheduler.add(seq)
+        stop = StopChecker(
+            params,
+            lambda ids: self.tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens),
+            self.eos_token_ids,
+            token_ids,
+        )
+        self.requests[request_id] = _Request(seq, stop, text)
+        return request_id
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a request wherever it is (queued, mid-prefill, mid-decode) and free what it holds."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return None
+        self.scheduler.finish(req.seq, "abort")
+        req.seq.stats.finished_time = time.monotonic()
+        return self._output(req, "")
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.num_unfinished > 0
+
+    # ---- the loop -------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        batch = self.scheduler.schedule()
+        if not batch.seqs:
+            return []
+        out = self.runner.run(batch)
+        return self._postprocess(batch, out.token_ids, out.logprobs, out.seconds)
+
+    def _postprocess(
+        self, batch: ScheduledBatch, token_ids: list[int | None], logprobs: list[float | None], seconds: float
+    ) -> list[RequestOutput]:
+        now = time.monotonic()
+        total = sum(batch.num_tokens)
+        outputs = []
+        for seq, n, token, lp in zip(batch.seqs, batch.num_tokens, token_ids, logprobs, strict=True):
+            stats = seq.stats
+            if stats.first_scheduled_time is None:
+                stats.first_scheduled_time = now
+            if seq.num_computed_tokens < seq.num_prompt_tokens:
+                stats.prefill_seconds += seconds * n / total
+            seq.num_computed_tokens += n
+            if token is None:
+                continue
+            req = self.requests[seq.request_id]
+            seq.token_ids.append(token)
+            if seq.params.logprobs is not None:
+                seq.logprobs.append(lp)
+            if stats.first_token_time is None:
+                stats.first_token_time = now
+            delta = req.stop.append(token)
+            req.text += delta
+            if req.stop.finished:
+                seq.stop_reason = req.stop.finish.stop_reason
+                self.scheduler.finish(seq, req.stop.finish.reason)
+                stats.finished_time = now
+                del self.requests[seq.request_id]
+            outputs.append(self._output(req, delta))
+        return outputs
+
+    def _output(self, req: _Request, delta_text: str) -> RequestOutput:
+        seq = req.seq
+        generated = seq.output_token_ids
+        delta_ids = generated[req.num_reported :]
+        req.num_reported = len(generated)
+        return RequestOutput(
+            request_id=seq.request_id,
+            prompt_token_ids=seq.prompt_token_ids,
+            token_ids=list(generated),
+            text=req.text,
+            delta_token_ids=delta_ids,
+            delta_text=delta_text,
+            finished=seq.is_finished,
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+            logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
+            stats=seq.stats,
+            prompt=req.prompt,
+        )
+
+    def check_integrity(self) -> None:
+        self.scheduler.check_integrity()

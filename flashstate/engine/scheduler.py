@@ -1,0 +1,129 @@
+"""Scheduler: continuous batching with chunked prefill under a token budget.
+
+Each step, in FIFO order of admission:
+  1. running sequences: a decode takes 1 token, a prefill the next chunk (as much as the budget allows);
+     when KV blocks run out, the most recently admitted running sequence is preempted (its blocks and
+     slot freed, recomputed later from scratch — first in the waiting queue);
+  2. waiting sequences are admitted while budget, `max_num_seqs`, slots and blocks allow; the queue head
+     is never skipped (FIFO fairness), and nothing is admitted in a step that preempted.
+Prefill chunks and decodes share one batch.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from flashstate.cache.manager import CacheManager
+from flashstate.engine.sequence import Sequence, SequenceStatus
+
+
+class RequestTooLargeError(ValueError):
+    """The request can never be served with this configuration."""
+
+
+@dataclass(slots=True)
+class ScheduledBatch:
+    seqs: list[Sequence] = field(default_factory=list)
+    num_tokens: list[int] = field(default_factory=list)  # new tokens of each sequence in this step
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def add(self, seq: Sequence, n: int) -> None:
+        self.seqs.append(seq)
+        self.num_tokens.append(n)
+
+    def samples(self, i: int) -> bool:
+        """The chunk of sequence i reaches its last token: the step samples its next token."""
+        seq = self.seqs[i]
+        return seq.num_computed_tokens + self.num_tokens[i] == len(seq.token_ids)
+
+
+class Scheduler:
+    def __init__(self, cache: CacheManager, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int):
+        self.cache = cache
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def add(self, seq: Sequence) -> None:
+        total = seq.num_prompt_tokens + (seq.params.max_tokens or 0)
+        if seq.num_prompt_tokens == 0:
+            raise RequestTooLargeError("the prompt is empty")
+        if total > self.max_model_len:
+            raise RequestTooLargeError(
+                f"prompt ({seq.num_prompt_tokens} tokens) + max_tokens ({seq.params.max_tokens}) = {total} "
+                f"exceeds max_model_len ({self.max_model_len})"
+            )
+        if not self.cache.can_ever_fit(total):
+            raise RequestTooLargeError(
+                f"prompt + max_tokens = {total} tokens exceeds the whole KV cache "
+                f"({self.cache.block_pool.num_blocks * self.cache.block_size} tokens)"
+            )
+        self.waiting.append(seq)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.max_num_batched_tokens
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_uncomputed, budget)
+            while not self.cache.allocate(seq, n):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
+            else:
+                batch.add(seq, n)
+                budget -= n
+                i += 1
+        while self.waiting and budget > 0 and not preempted and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if not self.cache.admit(seq):
+                break
+            n = min(seq.num_uncomputed, budget)
+            if not self.cache.allocate(seq, n):
+                self.cache.free(seq)
+                break
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            batch.add(seq, n)
+            budget -= n
+        return batch
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.cache.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        seq.stats.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Retire a sequence (stop, length or abort) from wherever it is and release what it holds."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        else:
+            return
+        self.cache.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+
+    def check_integrity(self) -> None:
+        for seq in self.waiting:
+            if seq.block_table or seq.state_slot is not None:
+                raise AssertionError(f"waiting request {seq.request_id} holds cache resources")
+        self.cache.check_integrity(self.running)

@@ -1,0 +1,89 @@
+"""Sequence: one request's tokens and the cache resources it owns.
+
+    | < prompt: num_prompt_tokens > | < generated > |
+    | < computed: KV + state exist: num_computed_tokens > | < to compute > |
+The working state slot holds the recurrent state right after token num_computed_tokens - 1.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from flashstate.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True)
+class RequestStats:
+    arrival_time: float
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens restored from the prefix cache (last admission)
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    prefill_seconds: float = 0.0  # model time spent on this request's prompt chunks
+    num_preemptions: int = 0
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+
+@dataclass(slots=True)
+class Sequence:
+    request_id: str
+    token_ids: list[int]
+    params: SamplingParams
+    num_prompt_tokens: int = 0
+    num_computed_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    state_slot: int | None = None
+    cache_handle: object | None = None  # the prefix cache's lock on the matched path
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    stop_reason: int | str | None = None
+    logprobs: list[float] = field(default_factory=list)
+    generator: torch.Generator | None = None
+    # Positions (token counts) where the prefix cache wants a checkpoint exported during prefill.
+    export_points: list[int] = field(default_factory=list)
+    stats: RequestStats = field(default_factory=lambda: RequestStats(time.monotonic()))
+
+    def __post_init__(self) -> None:
+        if not self.num_prompt_tokens:
+            self.num_prompt_tokens = len(self.token_ids)
+        self.stats.num_prompt_tokens = self.num_prompt_tokens
+        if self.params.seed is not None and self.generator is None:
+            self.generator = torch.Generator().manual_seed(self.params.seed)
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_uncomputed(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_prefilling(self) -> bool:
+        """More than the last sampled token is still to compute."""
+        return self.num_uncomputed > 1 or not self.output_token_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED

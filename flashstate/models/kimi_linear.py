@@ -1,0 +1,285 @@
+"""Kimi-Linear: Kimi Delta Attention (KDA) layers + MLA full-attention layers (NoPE), dense/MoE FFNs.
+
+Module names mirror what HF `KimiLinearForCausalLM.save_pretrained` writes (Moonshot's checkpoint names):
+
+    model.embed_tokens                      model.norm                     lm_head
+    model.layers.N.{input,post_attention}_layernorm
+    model.layers.N.self_attn  KDA: {q,k,v}_proj, {q,k,v}_conv1d, f_a_proj, f_b_proj, dt_bias, A_log,
+                                   b_proj, g_a_proj, g_b_proj, o_norm, o_proj
+                              MLA: q_proj | q_a_proj, q_a_layernorm, q_b_proj;
+                                   kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj
+    model.layers.N.block_sparse_moe  MoE: gate.{weight, e_score_correction_bias},
+                                          experts.E.{w1 (gate), w2 (down), w3 (up)}, shared_experts.*
+                                     dense: {gate,up,down}_proj (HF's save names the dense MLP
+                                            `block_sparse_moe` too; Moonshot's checkpoints say `mlp`)
+
+MLA here is plain multi-head attention over decompressed keys: k = [k_nope (per head) ‖ k_rope (shared)],
+no rotary embedding anywhere (HF and Moonshot apply none), so the paged KV pool stores per-head K
+(qk_nope + qk_rope dims) and V (v_head_dim).
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from flashstate.layers.metadata import ForwardMetadata
+from flashstate.models.base import AttentionMixer, HybridForCausalLM, LinearMixer
+from flashstate.models.spec import AttentionSpec, LinearSpec, ModelSpec, MoeSpec
+from flashstate.ops.attention.naive import paged_attention, store_kv
+from flashstate.ops.kda.naive import chunk_kda, fused_recurrent_kda
+from flashstate.ops.short_conv.naive import causal_conv1d
+
+# HF and Moonshot build the MLA latent norms (q_a_layernorm, kv_a_layernorm) with the default eps,
+# not rms_norm_eps.
+MLA_NORM_EPS = 1e-6
+_ACTS = {"silu": F.silu}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class GatedRMSNorm(nn.Module):
+    """fp32 RMSNorm over the head dim, times sigmoid(gate)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor, gate: Tensor) -> Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * xf * torch.sigmoid(gate.float())).to(x.dtype)
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int, act: str):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.act = _ACTS[act]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Expert(nn.Module):
+    def __init__(self, hidden: int, intermediate: int, act: str):
+        super().__init__()
+        self.w1 = nn.Linear(hidden, intermediate, bias=False)  # gate
+        self.w2 = nn.Linear(intermediate, hidden, bias=False)  # down
+        self.w3 = nn.Linear(hidden, intermediate, bias=False)  # up
+        self.act = _ACTS[act]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(self.act(self.w1(x)) * self.w3(x))
+
+
+class Router(nn.Module):
+    """Sigmoid scores; the choice adds `e_score_correction_bias` and keeps the `topk_group` best groups
+    (a group's score: the sum of its two best); weights are the chosen raw scores, renormalised, scaled."""
+
+    def __init__(self, hidden: int, moe: MoeSpec):
+        super().__init__()
+        self.moe = moe
+        self.weight = nn.Parameter(torch.empty(moe.num_experts, hidden))
+        self.register_buffer("e_score_correction_bias", torch.zeros(moe.num_experts))
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """x: [T, D] → (weights [T, top_k] fp32, expert ids [T, top_k])."""
+        m = self.moe
+        scores = F.linear(x.float(), self.weight.float()).sigmoid()  # [T, E]
+        choice = scores + self.e_score_correction_bias.float()
+        grouped = choice.view(x.shape[0], m.n_group, -1)
+        group_scores = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(-1)  # [T, n_group]
+        keep = torch.zeros_like(group_scores, dtype=torch.bool)
+        keep.scatter_(1, group_scores.topk(m.topk_group, dim=-1).indices, True)
+        choice = choice.masked_fill(~keep.repeat_interleave(grouped.shape[-1], dim=1), float("-inf"))
+        ids = choice.topk(m.top_k, dim=-1).indices
+        weights = scores.gather(1, ids)
+        if m.norm_topk_prob:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        return weights * m.routed_scaling_factor, ids
+
+
+class SparseMoe(nn.Module):
+    def __init__(self, hidden: int, moe: MoeSpec):
+        super().__init__()
+        self.gate = Router(hidden, moe)
+        self.experts = nn.ModuleList(
+            Expert(hidden, moe.intermediate_size, moe.act) for _ in range(moe.num_experts)
+        )
+        self.shared_experts = GatedMLP(hidden, moe.shared_intermediate_size, moe.act)
+
+    def forward(self, x: Tensor) -> Tensor:
+        weights, ids = self.gate(x)
+        out = torch.zeros_like(x)
+        for e in ids.unique().tolist():
+            token, slot = torch.where(ids == e)
+            y = self.experts[e](x[token]) * weights[token, slot, None]
+            out.index_add_(0, token, y.to(x.dtype))
+        return out + self.shared_experts(x)
+
+
+class KimiDeltaAttention(LinearMixer):
+    """KDA: q/k/v projections → short conv (silu) → l2-normed q, k → KDA with per-channel decay
+    g = -exp(A_log) · softplus(f_b(f_a(x)) + dt_bias) and beta = sigmoid(b_proj(x)) → gated RMSNorm → o_proj.
+
+    conv_state: [slots, 3·H·D, K - 1] holds q ‖ k ‖ v channels; ssm_state: [slots, H, D, D] fp32.
+    """
+
+    def __init__(self, hidden: int, lin: LinearSpec, norm_eps: float):
+        super().__init__()
+        h, d, width = lin.num_heads, lin.head_k_dim, lin.conv_kernel
+        self.num_heads, self.head_dim = h, d
+        self.q_proj = nn.Linear(hidden, h * d, bias=False)
+        self.k_proj = nn.Linear(hidden, h * d, bias=False)
+        self.v_proj = nn.Linear(hidden, h * d, bias=False)
+        self.q_conv1d = nn.Conv1d(h * d, h * d, width, groups=h * d, bias=False)
+        self.k_conv1d = nn.Conv1d(h * d, h * d, width, groups=h * d, bias=False)
+        self.v_conv1d = nn.Conv1d(h * d, h * d, width, groups=h * d, bias=False)
+        self.f_a_proj = nn.Linear(hidden, d, bias=False)
+        self.f_b_proj = nn.Linear(d, h * d, bias=False)
+        self.dt_bias = nn.Parameter(torch.empty(h * d))
+        self.A_log = nn.Parameter(torch.empty(1, 1, h, 1))
+        self.b_proj = nn.Linear(hidden, h, bias=False)
+        self.g_a_proj = nn.Linear(hidden, d, bias=False)
+        self.g_b_proj = nn.Linear(d, h * d, bias=False)
+        self.o_norm = GatedRMSNorm(d, norm_eps)
+        self.o_proj = nn.Linear(h * d, hidden, bias=False)
+
+    def decay(self, x: Tensor) -> Tensor:
+        """Per-channel log decay, fp32: [T, H, D]."""
+        f = self.f_b_proj(self.f_a_proj(x)).float() + self.dt_bias.float()
+        f = f.view(x.shape[0], self.num_heads, self.head_dim)
+        softplus = torch.where(f > 20.0, f, torch.log1p(f.exp()))
+        return -self.A_log.float().exp().view(self.num_heads, 1) * softplus
+
+    def forward(self, x: Tensor, meta: ForwardMetadata) -> Tensor:
+        t, h, d = x.shape[0], self.num_heads, self.head_dim
+        mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)  # [T, 3·H·D]
+        weight = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight])[:, 0]
+        mixed, conv_exported = causal_conv1d(
+            mixed, weight, None, conv_state_pool=self.conv_state, state_indices=meta.state_slots,
+            has_initial_state=meta.has_initial_state, cu_seqlens=meta.cu_seqlens,
+            export_token_ids=meta.export_token_ids, activation="silu",
+        )
+        q, k, v = (y.reshape(1, t, h, d) for y in mixed.split(h * d, dim=-1))
+        beta = torch.sigmoid(self.b_proj(x)).unsqueeze(0)
+        kda = fused_recurrent_kda if meta.is_decode else chunk_kda
+        o, ssm_exported = kda(
+            q, k, v, self.decay(x).unsqueeze(0), beta, state_pool=self.ssm_state,
+            state_indices=meta.state_slots, has_initial_state=meta.has_initial_state,
+            cu_seqlens=meta.cu_seqlens, export_token_ids=meta.export_token_ids, use_qk_l2norm_in_kernel=True,
+        )
+        self.write_exports(meta, conv_exported, ssm_exported)
+        gate = self.g_b_proj(self.g_a_proj(x)).view(t, h, d)
+        return self.o_proj(self.o_norm(o[0], gate).reshape(t, h * d))
+
+
+class MultiLatentAttention(AttentionMixer):
+    """MLA without rotary: q = q_proj(x) (or the q_a → norm → q_b low-rank path); the latent
+    kv_a_proj_with_mqa(x) = [c_kv ‖ k_rope], kv_b_proj(norm(c_kv)) = per head [k_nope ‖ v]."""
+
+    def __init__(self, hidden: int, a: AttentionSpec):
+        super().__init__()
+        self.a = a
+        h, nope, rope = a.num_heads, a.qk_nope_head_dim, a.qk_rope_head_dim
+        if a.q_lora_rank is None:
+            self.q_proj = nn.Linear(hidden, h * a.head_dim, bias=False)
+        else:
+            self.q_a_proj = nn.Linear(hidden, a.q_lora_rank, bias=a.bias)
+            self.q_a_layernorm = RMSNorm(a.q_lora_rank, MLA_NORM_EPS)
+            self.q_b_proj = nn.Linear(a.q_lora_rank, h * a.head_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(hidden, a.kv_lora_rank + rope, bias=a.bias)
+        self.kv_a_layernorm = RMSNorm(a.kv_lora_rank, MLA_NORM_EPS)
+        self.kv_b_proj = nn.Linear(a.kv_lora_rank, h * (nope + a.v_head_dim), bias=False)
+        self.o_proj = nn.Linear(h * a.v_head_dim, hidden, bias=a.bias)
+
+    def forward(self, x: Tensor, meta: ForwardMetadata) -> Tensor:
+        a, t = self.a, x.shape[0]
+        h, nope = a.num_heads, a.qk_nope_head_dim
+        if a.q_lora_rank is None:
+            q = self.q_proj(x)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        latent, k_rope = self.kv_a_proj_with_mqa(x).split([a.kv_lora_rank, a.qk_rope_head_dim], dim=-1)
+        k_nope, v = self.kv_b_proj(self.kv_a_layernorm(latent)).view(t, h, -1).split([nope, a.v_head_dim], -1)
+        k = torch.cat([k_nope, k_rope[:, None, :].expand(t, h, a.qk_rope_head_dim)], dim=-1)
+        store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+        o = paged_attention(
+            q.view(t, h, a.head_dim), self.k_cache, self.v_cache, cu_seqlens=meta.cu_seqlens,
+            context_lens=meta.context_lens, block_tables=meta.block_tables, scale=a.head_dim**-0.5,
+        )
+        return self.o_proj(o.reshape(t, h * a.v_head_dim))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, spec: ModelSpec, i: int):
+        super().__init__()
+        layer, d = spec.layers[i], spec.hidden_size
+        if layer.mixer == "attention":
+            self.self_attn: nn.Module = MultiLatentAttention(d, spec.attention)
+        else:
+            self.self_attn = KimiDeltaAttention(d, spec.linear, spec.norm_eps)
+        if layer.ffn == "moe":
+            self.block_sparse_moe: nn.Module = SparseMoe(d, spec.moe)
+        else:
+            self.block_sparse_moe = GatedMLP(d, spec.mlp.intermediate_size, spec.mlp.act)
+        self.input_layernorm = RMSNorm(d, spec.norm_eps)
+        self.post_attention_layernorm = RMSNorm(d, spec.norm_eps)
+
+    def forward(self, x: Tensor, meta: ForwardMetadata) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), meta)
+        return x + self.block_sparse_moe(self.post_attention_layernorm(x))
+
+
+class KimiLinearModel(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(spec, i) for i in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.norm_eps)
+
+    def forward(self, input_ids: Tensor, meta: ForwardMetadata) -> Tensor:
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x, meta)
+        return self.norm(x)
+
+
+# Moonshot's checkpoints name the dense FFN `mlp`; the module tree follows HF's save (`block_sparse_moe`).
+_DENSE_MLP_ALIAS = re.compile(r"^(model\.layers\.\d+)\.mlp\.")
+
+
+class KimiLinearForCausalLM(HybridForCausalLM):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        if spec.attention_layer_ids and spec.attention.kv_lora_rank is None:
+            raise ValueError("Kimi-Linear attention layers are MLA: the spec needs kv_lora_rank")
+        self.spec = spec
+        self.model = KimiLinearModel(spec)
+        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)  # never tied (as in HF)
+
+    def forward(self, input_ids: Tensor, meta: ForwardMetadata) -> Tensor:
+        return self.model(input_ids, meta)
+
+    def compute_logits(self, hidden: Tensor) -> Tensor:
+        return self.lm_head(hidden).float()
+
+    def checkpoint_name(self, name: str) -> str:
+        return _DENSE_MLP_ALIAS.sub(r"\1.block_sparse_moe.", name)

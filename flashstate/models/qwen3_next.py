@@ -1,0 +1,282 @@
+"""Qwen3-Next: Gated DeltaNet layers + gated full-attention layers, each followed by an MoE (routed
+experts + a sigmoid-gated shared expert) or a dense SwiGLU MLP.
+
+Module and parameter names are those HF `save_pretrained` writes (`model.layers.{i}.linear_attn.*`,
+`model.layers.{i}.self_attn.*`, `model.layers.{i}.mlp.experts.{e}.gate_proj.weight`, ...).
+
+Norms: every RMSNorm is zero-centred (`x̂ · (1 + w)`, computed in fp32) except the gated norm on the
+GDN output, which is `w · x̂ · silu(z)` with `w` initialised to ones.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from flashstate.layers.metadata import ForwardMetadata
+from flashstate.models.base import AttentionMixer, HybridForCausalLM, LinearMixer
+from flashstate.models.spec import AttentionSpec, LinearSpec, ModelSpec, MoeSpec, UnsupportedModelError
+from flashstate.ops.attention.naive import paged_attention, store_kv
+from flashstate.ops.gated_delta_rule.naive import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+from flashstate.ops.short_conv.naive import causal_conv1d
+
+
+def _check_act(act: str) -> None:
+    if act != "silu":
+        raise UnsupportedModelError(f"Qwen3-Next hidden_act {act!r} is not supported (only silu)")
+
+
+class Qwen3NextRMSNorm(nn.Module):
+    """Zero-centred RMSNorm: y = x / rms(x) · (1 + w), in fp32, cast back to x's dtype."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (h * (1.0 + self.weight.float())).to(x.dtype)
+
+
+class Qwen3NextRMSNormGated(nn.Module):
+    """y = w · (x / rms(x)) · silu(z); the normalised x is cast to x's dtype before the weight."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor, z: Tensor) -> Tensor:
+        h = x.float()
+        h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        return (self.weight * h * F.silu(z.float())).to(x.dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary tables for the first `dim` dims of each head (NeoX halves layout)."""
+
+    inv_freq: Tensor
+
+    def __init__(self, dim: int, theta: float):
+        super().__init__()
+        self.dim, self.theta = dim, theta
+        self.register_buffer("inv_freq", self._inv_freq(), persistent=False)
+
+    def _inv_freq(self, device: torch.device | None = None) -> Tensor:
+        exponents = torch.arange(0, self.dim, 2, dtype=torch.float32, device=device) / self.dim
+        return 1.0 / (self.theta**exponents)
+
+    def reset(self) -> None:
+        self.inv_freq = self._inv_freq(self.inv_freq.device)
+
+    def _apply(self, fn, recurse=True):
+        # inv_freq stays exact fp32 whatever dtype the model is cast to (as in HF).
+        super()._apply(fn, recurse)
+        if self.inv_freq.device.type != "meta":
+            self.reset()
+        return self
+
+    def forward(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """positions: [T] → cos, sin: [T, dim]."""
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x: [T, H, D]; rotates x[..., :cos.shape[-1]] (halves layout), passes the rest through."""
+    d = cos.shape[-1]
+    rot, rest = x[..., :d], x[..., d:]
+    x1, x2 = rot[..., : d // 2], rot[..., d // 2 :]
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return torch.cat([rot * cos[:, None] + rotated * sin[:, None], rest], dim=-1)
+
+
+class Qwen3NextAttention(AttentionMixer):
+    """GQA with per-head q/k RMSNorm, partial rotary, and a sigmoid output gate emitted by q_proj."""
+
+    def __init__(self, hidden: int, spec: AttentionSpec, eps: float):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        self.scale = spec.head_dim**-0.5
+        self.q_proj = nn.Linear(hidden, spec.num_heads * spec.head_dim * 2, bias=spec.bias)
+        self.k_proj = nn.Linear(hidden, spec.num_kv_heads * spec.head_dim, bias=spec.bias)
+        self.v_proj = nn.Linear(hidden, spec.num_kv_heads * spec.head_dim, bias=spec.bias)
+        self.o_proj = nn.Linear(spec.num_heads * spec.head_dim, hidden, bias=spec.bias)
+        self.q_norm = Qwen3NextRMSNorm(spec.head_dim, eps)
+        self.k_norm = Qwen3NextRMSNorm(spec.head_dim, eps)
+
+    def forward(self, x: Tensor, meta: ForwardMetadata, rope: tuple[Tensor, Tensor]) -> Tensor:
+        t = x.shape[0]
+        # q_proj emits, per head, [query (head_dim) | gate (head_dim)]
+        q, gate = self.q_proj(x).view(t, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+        q = self.q_norm(q)
+        k = self.k_norm(self.k_proj(x).view(t, self.num_kv_heads, self.head_dim))
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+        o = paged_attention(
+            q, self.k_cache, self.v_cache, cu_seqlens=meta.cu_seqlens, context_lens=meta.context_lens,
+            block_tables=meta.block_tables, scale=self.scale,
+        )
+        o = o.reshape(t, -1) * torch.sigmoid(gate.reshape(t, -1))
+        return self.o_proj(o)
+
+
+class Qwen3NextGatedDeltaNet(LinearMixer):
+    """Gated DeltaNet. in_proj_qkvz emits, per key head group (one key head and the HV/Hk value heads it
+    serves), [q (dk) | k (dk) | v (HV/Hk·dv) | z (HV/Hk·dv)]; in_proj_ba emits [b (HV/Hk) | a (HV/Hk)].
+    q, k, v go through the short causal conv (channels [q all heads | k all heads | v all heads])."""
+
+    def __init__(self, hidden: int, spec: LinearSpec, eps: float, act: str):
+        super().__init__()
+        _check_act(act)
+        self.nk, self.nv = spec.num_k_heads, spec.num_heads
+        self.dk, self.dv = spec.head_k_dim, spec.head_v_dim
+        self.chunk_size = spec.chunk_size
+        key_dim, value_dim = self.nk * self.dk, self.nv * self.dv
+        self.conv1d = nn.Conv1d(
+            spec.conv_channels, spec.conv_channels, spec.conv_kernel, groups=spec.conv_channels,
+            bias=spec.conv_bias, padding=spec.conv_kernel - 1,
+        )
+        self.in_proj_qkvz = nn.Linear(hidden, 2 * key_dim + 2 * value_dim, bias=False)
+        self.in_proj_ba = nn.Linear(hidden, 2 * self.nv, bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(self.nv))
+        self.A_log = nn.Parameter(torch.zeros(self.nv))
+        self.norm = Qwen3NextRMSNormGated(self.dv, eps)
+        self.out_proj = nn.Linear(value_dim, hidden, bias=False)
+
+    def forward(self, x: Tensor, meta: ForwardMetadata) -> Tensor:
+        t, r = x.shape[0], self.nv // self.nk
+        qkvz = self.in_proj_qkvz(x).view(t, self.nk, -1)
+        q, k, v, z = qkvz.split([self.dk, self.dk, r * self.dv, r * self.dv], dim=-1)
+        b, a = self.in_proj_ba(x).view(t, self.nk, 2 * r).split([r, r], dim=-1)
+        mixed = torch.cat([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], dim=-1)  # [T, channels]
+        mixed, conv_exported = causal_conv1d(
+            mixed, self.conv1d.weight[:, 0], self.conv1d.bias, conv_state_pool=self.conv_state,
+            state_indices=meta.state_slots, has_initial_state=meta.has_initial_state,
+            cu_seqlens=meta.cu_seqlens, export_token_ids=meta.export_token_ids, activation="silu",
+        )
+        q, k, v = mixed.split([self.nk * self.dk, self.nk * self.dk, self.nv * self.dv], dim=-1)
+        beta = b.reshape(t, self.nv).sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(a.reshape(t, self.nv).float() + self.dt_bias)
+        op = fused_recurrent_gated_delta_rule if meta.is_decode else chunk_gated_delta_rule
+        o, ssm_exported = op(
+            q.reshape(1, t, self.nk, self.dk), k.reshape(1, t, self.nk, self.dk),
+            v.reshape(1, t, self.nv, self.dv), g[None], beta[None],
+            state_pool=self.ssm_state, state_indices=meta.state_slots,
+            has_initial_state=meta.has_initial_state, cu_seqlens=meta.cu_seqlens,
+            export_token_ids=meta.export_token_ids, use_qk_l2norm_in_kernel=True, chunk_size=self.chunk_size,
+        )
+        self.write_exports(meta, conv_exported, ssm_exported)
+        o = self.norm(o.reshape(t * self.nv, self.dv), z.reshape(t * self.nv, self.dv))
+        return self.out_proj(o.reshape(t, -1))
+
+
+class Qwen3NextMLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Qwen3NextSparseMoeBlock(nn.Module):
+    """Softmax top-k router (optionally renormalised over the top k) + sigmoid-gated shared expert."""
+
+    def __init__(self, hidden: int, spec: MoeSpec):
+        super().__init__()
+        _check_act(spec.act)
+        self.top_k, self.norm_topk_prob = spec.top_k, spec.norm_topk_prob
+        self.gate = nn.Linear(hidden, spec.num_experts, bias=False)
+        self.experts = nn.ModuleList(
+            Qwen3NextMLP(hidden, spec.intermediate_size) for _ in range(spec.num_experts)
+        )
+        self.shared_expert = Qwen3NextMLP(hidden, spec.shared_intermediate_size)
+        self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        logits = self.gate(x)  # [T, E]
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        weights, experts = probs.topk(self.top_k, dim=-1)  # [T, k]
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights = weights.to(x.dtype)
+        out = torch.zeros_like(x)
+        for e in experts.unique().tolist():
+            tokens, which = torch.where(experts == e)
+            y = self.experts[e](x[tokens]) * weights[tokens, which, None]
+            out.index_add_(0, tokens, y)
+        return out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+
+
+class Qwen3NextDecoderLayer(nn.Module):
+    def __init__(self, spec: ModelSpec, layer_id: int):
+        super().__init__()
+        layer, d, eps = spec.layers[layer_id], spec.hidden_size, spec.norm_eps
+        self.mixer = layer.mixer
+        if layer.mixer == "linear":
+            self.linear_attn = Qwen3NextGatedDeltaNet(d, spec.linear, eps, spec.mlp.act)
+        elif layer.mixer == "attention":
+            self.self_attn = Qwen3NextAttention(d, spec.attention, eps)
+        else:
+            raise UnsupportedModelError(f"Qwen3-Next layer {layer_id} has no token mixer")
+        if layer.ffn == "moe":
+            self.mlp = Qwen3NextSparseMoeBlock(d, spec.moe)
+        else:
+            _check_act(spec.mlp.act)
+            self.mlp = Qwen3NextMLP(d, spec.mlp.intermediate_size)
+        self.input_layernorm = Qwen3NextRMSNorm(d, eps)
+        self.post_attention_layernorm = Qwen3NextRMSNorm(d, eps)
+
+    def forward(self, x: Tensor, meta: ForwardMetadata, rope: tuple[Tensor, Tensor]) -> Tensor:
+        h = self.input_layernorm(x)
+        h = self.linear_attn(h, meta) if self.mixer == "linear" else self.self_attn(h, meta, rope)
+        x = x + h
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen3NextModel(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(Qwen3NextDecoderLayer(spec, i) for i in range(spec.num_layers))
+        self.norm = Qwen3NextRMSNorm(spec.hidden_size, spec.norm_eps)
+        a = spec.attention
+        self.rotary_emb = RotaryEmbedding(a.rotary_dim, a.rope_theta)
+
+    def forward(self, input_ids: Tensor, meta: ForwardMetadata) -> Tensor:
+        x = self.embed_tokens(input_ids)
+        rope = self.rotary_emb(meta.positions, x.dtype)
+        for layer in self.layers:
+            x = layer(x, meta, rope)
+        return self.norm(x)
+
+
+class Qwen3NextForCausalLM(HybridForCausalLM):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        if spec.attention is None or spec.linear is None or spec.mlp is None:
+            raise UnsupportedModelError("Qwen3-Next spec needs attention, linear and mlp sections")
+        self.spec = spec
+        self.model = Qwen3NextModel(spec)
+        # Tied embeddings: no lm_head module, logits read embed_tokens.weight (the checkpoint has no lm_head).
+        self.lm_head = None
+        if not spec.tie_word_embeddings:
+            self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+
+    def forward(self, input_ids: Tensor, meta: ForwardMetadata) -> Tensor:
+        return self.model(input_ids, meta)
+
+    def compute_logits(self, hidden: Tensor) -> Tensor:
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    def post_load(self) -> None:
+        self.model.rotary_emb.reset()

@@ -1,0 +1,100 @@
+"""SamplingParams: how one request picks its tokens and when it stops (vLLM-compatible names and defaults).
+
+Conventions that differ from a literal copy of vLLM's fields:
+
+- `top_k`: `None` means off. vLLM's "off" values `-1` and `0` are accepted and normalised to `None`;
+  anything below `-1` is an error.
+- `stop` is normalised to a tuple of non-empty strings (`()` when unset); `stop_token_ids` to a tuple
+  of ints.
+- `max_tokens=None` means no limit of its own (the engine still stops at the model's context length).
+- `logprobs=k` asks for the chosen token's logprob plus the `k` most likely alternatives; `k = 0`
+  means the chosen token only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Temperatures below this sample greedily (as in vLLM): dividing by them would overflow anyway.
+GREEDY_TEMPERATURE = 1e-5
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    min_p: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = 16
+    stop: str | list[str] | tuple[str, ...] | None = None  # a tuple of strings after __post_init__
+    stop_token_ids: list[int] | tuple[int, ...] | None = None  # a tuple of ints after __post_init__
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.n) or self.n != 1:
+            raise ValueError(f"n must be 1 (parallel sampling is not supported), got {self.n!r}")
+        if not _is_number(self.temperature) or not self.temperature >= 0:
+            raise ValueError(f"temperature must be a number >= 0, got {self.temperature!r}")
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.top_k is not None:
+            if not _is_int(self.top_k) or self.top_k < -1:
+                raise ValueError(f"top_k must be None, -1, 0 (all off) or a positive int, got {self.top_k!r}")
+            if self.top_k <= 0:
+                object.__setattr__(self, "top_k", None)
+        if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if self.seed is not None and not _is_int(self.seed):
+            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
+            raise ValueError(f"max_tokens must be an int >= 1 or None, got {self.max_tokens!r}")
+        object.__setattr__(self, "stop", _normalise_stop(self.stop))
+        object.__setattr__(self, "stop_token_ids", _normalise_stop_token_ids(self.stop_token_ids))
+        if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
+            raise ValueError(f"logprobs must be an int >= 0 or None, got {self.logprobs!r}")
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+
+    @property
+    def greedy(self) -> bool:
+        """Argmax decoding: temperature 0 (or below GREEDY_TEMPERATURE)."""
+        return self.temperature < GREEDY_TEMPERATURE
+
+    @property
+    def max_stop_len(self) -> int:
+        """Length of the longest stop string (0 when there are none)."""
+        return max((len(s) for s in self.stop), default=0)
+
+
+def _normalise_stop(stop: object) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = (stop,)
+    if not isinstance(stop, list | tuple) or not all(isinstance(s, str) for s in stop):
+        raise ValueError(f"stop must be a string or list of strings, got {stop!r}")
+    if any(s == "" for s in stop):
+        raise ValueError(f"stop strings must be non-empty, got {stop!r}")
+    return tuple(stop)
+
+
+def _normalise_stop_token_ids(ids: object) -> tuple[int, ...]:
+    if ids is None:
+        return ()
+    if not isinstance(ids, list | tuple) or not all(_is_int(i) and i >= 0 for i in ids):
+        raise ValueError(f"stop_token_ids must be a list of non-negative ints, got {ids!r}")
+    return tuple(ids)

@@ -1,0 +1,65 @@
+import asyncio
+
+import pytest
+
+from flashstate import EngineConfig, SamplingParams
+from flashstate.engine.async_engine import AsyncEngine
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    eng = AsyncEngine(EngineConfig(model=tiny_model_dir, max_num_batched_tokens=8, block_size=4))
+    yield eng
+    eng.shutdown()
+
+
+def _full(engine):
+    pools = engine.engine.cache
+    engine.engine.check_integrity()
+    return pools.block_pool.num_free == pools.block_pool.num_blocks and pools.state_pool.num_free == pools.state_pool.num_slots
+
+
+def test_streams_concurrent_requests_token_by_token(engine):
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+
+    async def collect(prompt):
+        deltas, last = [], None
+        async for out in engine.generate(prompt, params):
+            deltas.extend(out.delta_token_ids)
+            last = out
+        return deltas, last
+
+    async def main():
+        return await asyncio.gather(*(collect(list(range(i, i + 20))) for i in range(3)))
+
+    results = asyncio.run(main())
+    for deltas, last in results:
+        assert last.finished and deltas == last.token_ids and len(deltas) == 6
+    assert _full(engine)
+
+
+def test_leaving_the_stream_aborts_and_frees(engine):
+    params = SamplingParams(temperature=0.0, max_tokens=500, ignore_eos=True)
+
+    async def main():
+        seen = 0
+        async for _ in engine.generate(list(range(40)), params):
+            seen += 1
+            if seen == 3:
+                break  # the client went away
+        await asyncio.sleep(0.05)
+        return seen
+
+    assert asyncio.run(main()) == 3
+    assert engine.num_streams == 0 and not engine.engine.has_unfinished()
+    assert _full(engine)
+
+
+def test_bad_request_raises_before_queueing(engine):
+    async def main():
+        async for _ in engine.generate([engine.engine.spec.vocab_size + 1], SamplingParams()):
+            pass
+
+    with pytest.raises(ValueError, match="vocabulary"):
+        asyncio.run(main())
+    assert engine.num_streams == 0

@@ -1,0 +1,99 @@
+"""Scheduler rules on pools alone (no model): budgets, FIFO, mixed steps, preemption, refusal."""
+
+import pytest
+
+from flashstate.cache.block_pool import BlockPool
+from flashstate.cache.manager import CacheManager
+from flashstate.cache.state_pool import StatePool
+from flashstate.engine.scheduler import RequestTooLargeError, Scheduler
+from flashstate.engine.sequence import Sequence
+from flashstate.sampling_params import SamplingParams
+
+
+def _scheduler(num_blocks=16, block_size=4, slots=8, max_num_seqs=4, budget=10, max_len=1000):
+    cache = CacheManager(BlockPool(num_blocks, block_size), StatePool(slots))
+    return Scheduler(cache, max_num_seqs, budget, max_len)
+
+
+def _seq(rid: str, n: int, max_tokens: int = 4) -> Sequence:
+    return Sequence(rid, list(range(n)), SamplingParams(max_tokens=max_tokens))
+
+
+def _advance(sched: Scheduler, batch, sampled: int = 7) -> None:
+    """What the engine does after the model ran: computed lengths move, finished prompts get a token."""
+    for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_tokens, strict=True)):
+        samples = batch.samples(i)
+        seq.num_computed_tokens += n
+        if samples:
+            seq.token_ids.append(sampled)
+
+
+def test_chunked_prefill_respects_budget_and_mixes_with_decodes():
+    sched = _scheduler(budget=10)
+    a, b = _seq("a", 3), _seq("b", 25)
+    sched.add(a)
+    sched.add(b)
+    batch = sched.schedule()
+    assert [s.request_id for s in batch.seqs] == ["a", "b"] and batch.num_tokens == [3, 7]
+    assert batch.samples(0) and not batch.samples(1)
+    _advance(sched, batch)
+    batch = sched.schedule()  # a decodes (1 token) while b continues its prefill with the rest of the budget
+    assert batch.num_tokens == [1, 9]
+    sched.check_integrity()
+
+
+def test_fifo_head_is_never_skipped():
+    sched = _scheduler(num_blocks=6, block_size=4, budget=100)
+    big, small = _seq("big", 20), _seq("small", 2)
+    sched.add(_seq("first", 8))
+    sched.add(big)
+    sched.add(small)
+    batch = sched.schedule()
+    # "first" takes 2 blocks; "big" needs 5 of the 4 left and waits — "small" must not jump ahead of it.
+    assert [s.request_id for s in batch.seqs] == ["first"]
+    assert [s.request_id for s in sched.waiting] == ["big", "small"]
+    sched.check_integrity()
+
+
+def test_preemption_frees_the_newest_and_requeues_it_first():
+    sched = _scheduler(num_blocks=4, block_size=4, budget=100)
+    a, b = _seq("a", 8), _seq("b", 7)
+    sched.add(a)
+    sched.add(b)
+    _advance(sched, sched.schedule())  # a: 9 tokens (3 blocks needed next), b: 8 tokens
+    assert len(a.block_table) == 2 and len(b.block_table) == 2
+    batch = sched.schedule()  # a's decode needs a third block: b (newest) is preempted
+    assert [s.request_id for s in batch.seqs] == ["a"]
+    assert list(sched.waiting) == [b] and b.num_computed_tokens == 0 and not b.block_table
+    assert b.stats.num_preemptions == 1 and b.state_slot is None
+    sched.check_integrity()
+
+
+def test_max_num_seqs_and_slots_bound_admission():
+    sched = _scheduler(slots=2, max_num_seqs=3, budget=100)
+    for i in range(4):
+        sched.add(_seq(str(i), 2))
+    assert len(sched.schedule()) == 2  # only two state slots
+    sched.check_integrity()
+
+
+def test_refusals_are_immediate():
+    sched = _scheduler(num_blocks=4, block_size=4, max_len=30)
+    with pytest.raises(RequestTooLargeError, match="max_model_len"):
+        sched.add(_seq("x", 28, max_tokens=4))
+    with pytest.raises(RequestTooLargeError, match="whole KV cache"):
+        sched.add(_seq("y", 16, max_tokens=4))
+    assert not sched.waiting
+
+
+def test_finish_from_any_state_releases_everything():
+    sched = _scheduler(budget=5)
+    a, b = _seq("a", 12), _seq("b", 3)
+    sched.add(a)
+    sched.add(b)
+    _advance(sched, sched.schedule())
+    sched.finish(a, "abort")  # mid-prefill
+    sched.finish(b, "abort")  # still queued
+    assert a.finish_reason == b.finish_reason == "abort"
+    sched.check_integrity()
+    assert sched.cache.block_pool.num_free == 16 and sched.cache.state_pool.num_free == 8
