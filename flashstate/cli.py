@@ -11,27 +11,51 @@ from flashstate.config import EngineConfig
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
     d = EngineConfig()
-    p.add_argument("--model", default=None, help="HF-format model directory (default: the embedded tiny model)")
-    p.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"],
-                   help="weight and activation dtype (auto: the checkpoint's)")
+    p.add_argument(
+        "--model", default=None, help="HF-format model directory (default: the embedded tiny model)"
+    )
+    p.add_argument(
+        "--dtype",
+        default=d.dtype,
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="weight and activation dtype (auto: the checkpoint's)",
+    )
     p.add_argument("--device", default=d.device, help="auto, cpu or cuda[:N]")
     p.add_argument("--seed", type=int, default=d.seed, help="global random seed")
     p.add_argument("--max-model-len", type=int, default=None, help="longest prompt + output, in tokens")
     p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="most requests running at once")
-    p.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens,
-                   help="token budget of one step (prefill chunks + decodes)")
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=d.max_num_batched_tokens,
+        help="token budget of one step (prefill chunks + decodes)",
+    )
     p.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
-    p.add_argument("--kv-cache-memory-bytes", type=int, default=None,
-                   help="bytes for KV blocks + state slots (default: from --gpu-memory-utilization)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization,
-                   help="fraction of GPU memory the engine may use")
+    p.add_argument(
+        "--kv-cache-memory-bytes",
+        type=int,
+        default=None,
+        help="bytes for KV blocks + state slots (default: from --gpu-memory-utilization)",
+    )
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=d.gpu_memory_utilization,
+        help="fraction of GPU memory the engine may use",
+    )
 
 
 def _config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
-        model=args.model, dtype=args.dtype, device=args.device, seed=args.seed, max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        block_size=args.block_size, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        model=args.model,
+        dtype=args.dtype,
+        device=args.device,
+        seed=args.seed,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
         gpu_memory_utilization=args.gpu_memory_utilization,
     )
 

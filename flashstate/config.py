@@ -31,8 +31,14 @@ class EngineConfig:
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
 
-        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
-                     "kv_cache_memory_bytes", "cpu_cache_memory_bytes"):
+        for name in (
+            "max_model_len",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "block_size",
+            "kv_cache_memory_bytes",
+            "cpu_cache_memory_bytes",
+        ):
             positive(name)
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")

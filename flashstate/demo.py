@@ -16,8 +16,12 @@ def agent_turns(num_agents: int, num_turns: int, vocab: int, seed: int) -> list[
     rng = random.Random(seed)
     system = [rng.randrange(vocab) for _ in range(192)]
     return [
-        [system + [rng.randrange(vocab) for _ in range(rng.randint(60, 240))] if t == 0
-         else [rng.randrange(vocab) for _ in range(rng.randint(20, 160))] for t in range(num_turns)]
+        [
+            system + [rng.randrange(vocab) for _ in range(rng.randint(60, 240))]
+            if t == 0
+            else [rng.randrange(vocab) for _ in range(rng.randint(20, 160))]
+            for t in range(num_turns)
+        ]
         for _ in range(num_agents)
     ]
 

@@ -60,7 +60,9 @@ class LLM:
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = [
             self.tokenizer.encode(
-                self.tokenizer.apply_chat_template(c, tools=tools, add_generation_prompt=add_generation_prompt),
+                self.tokenizer.apply_chat_template(
+                    c, tools=tools, add_generation_prompt=add_generation_prompt
+                ),
                 add_special_tokens=False,
             )
             for c in conversations

@@ -12,7 +12,9 @@ from collections import deque
 class BlockPool:
     def __init__(self, num_blocks: int, block_size: int):
         if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"need at least one block of at least one token, got {num_blocks} × {block_size}")
+            raise ValueError(
+                f"need at least one block of at least one token, got {num_blocks} × {block_size}"
+            )
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.ref_counts = [0] * num_blocks

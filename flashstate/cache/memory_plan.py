@@ -13,7 +13,7 @@ from flashstate.models.spec import ModelSpec
 
 @dataclass(frozen=True, slots=True)
 class CachePlan:
-    """    | < working slots: max_num_seqs > | < checkpoint slots > |   | < KV blocks > |
+    """| < working slots: max_num_seqs > | < checkpoint slots > |   | < KV blocks > |
     Working slots hold running sequences' states; checkpoint slots are the prefix cache's."""
 
     num_blocks: int

@@ -59,8 +59,12 @@ class CacheTensors:
         for _ in spec.attention_layer_ids:
             kv.append(
                 (
-                    torch.zeros(num_blocks, block_size, a.num_kv_heads, a.head_dim, dtype=dtype, device=device),
-                    torch.zeros(num_blocks, block_size, a.num_kv_heads, a.v_head_dim, dtype=dtype, device=device),
+                    torch.zeros(
+                        num_blocks, block_size, a.num_kv_heads, a.head_dim, dtype=dtype, device=device
+                    ),
+                    torch.zeros(
+                        num_blocks, block_size, a.num_kv_heads, a.v_head_dim, dtype=dtype, device=device
+                    ),
                 )
             )
         for _ in spec.linear_layer_ids:

@@ -1,8 +1,8 @@
 """LLMEngine: requests in, RequestOutputs out, one `step()` at a time.
 
-    batch = scheduler.schedule()
-    out = model_runner.run(batch)
-    postprocess(batch, out)          # advance computed lengths, append tokens, stop checks, retire
+batch = scheduler.schedule()
+out = model_runner.run(batch)
+postprocess(batch, out)          # advance computed lengths, append tokens, stop checks, retire
 """
 
 from __future__ import annotations
@@ -71,7 +71,8 @@ class LLMEngine:
             self.spec, self.plan.num_blocks, config.block_size, self.plan.num_slots, self.dtype, self.device
         )
         self.cache = CacheManager(
-            BlockPool(self.plan.num_blocks, config.block_size), StatePool(self.plan.num_slots, caches.copy_slot)
+            BlockPool(self.plan.num_blocks, config.block_size),
+            StatePool(self.plan.num_slots, caches.copy_slot),
         )
         self.scheduler = Scheduler(
             self.cache, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len
@@ -79,7 +80,9 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, caches, config.block_size, self.device)
         self.requests: dict[str, _Request] = {}
         self._ids = itertools.count()
-        logger.info("%s on %s (%s): %s", self.spec.architecture, self.device, self.dtype, self.plan.describe())
+        logger.info(
+            "%s on %s (%s): %s", self.spec.architecture, self.device, self.dtype, self.plan.describe()
+        )
 
     def _cache_budget(self) -> int:
         if self.config.kv_cache_memory_bytes is not None:
@@ -104,9 +107,13 @@ class LLMEngine:
             text, token_ids = prompt, self.tokenizer.encode(prompt)
         else:
             text, token_ids = None, list(prompt)
-            bad = next((t for t in token_ids if not isinstance(t, int) or not 0 <= t < self.spec.vocab_size), None)
+            bad = next(
+                (t for t in token_ids if not isinstance(t, int) or not 0 <= t < self.spec.vocab_size), None
+            )
             if bad is not None:
-                raise ValueError(f"prompt token id {bad!r} is outside the vocabulary [0, {self.spec.vocab_size})")
+                raise ValueError(
+                    f"prompt token id {bad!r} is outside the vocabulary [0, {self.spec.vocab_size})"
+                )
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")

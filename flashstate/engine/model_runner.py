@@ -39,7 +39,9 @@ class ModelRunner:
             tokens.extend(seq.token_ids[seq.num_computed_tokens : seq.num_computed_tokens + n])
         meta = ForwardMetadata.build(
             query_lens=batch.num_tokens,
-            context_lens=[s.num_computed_tokens + n for s, n in zip(batch.seqs, batch.num_tokens, strict=True)],
+            context_lens=[
+                s.num_computed_tokens + n for s, n in zip(batch.seqs, batch.num_tokens, strict=True)
+            ],
             block_tables=[s.block_table for s in batch.seqs],
             block_size=self.block_size,
             state_slots=[s.state_slot for s in batch.seqs],

@@ -41,7 +41,9 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, cache: CacheManager, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int):
+    def __init__(
+        self, cache: CacheManager, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int
+    ):
         self.cache = cache
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens

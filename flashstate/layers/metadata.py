@@ -75,7 +75,9 @@ class ForwardMetadata:
         """
         n = len(query_lens)
         if not (len(context_lens) == len(block_tables) == len(state_slots) == n):
-            raise ValueError("query_lens, context_lens, block_tables and state_slots must have one entry per sequence")
+            raise ValueError(
+                "query_lens, context_lens, block_tables and state_slots must have one entry per sequence"
+            )
         if has_initial_state is None:
             has_initial_state = [c > q for q, c in zip(query_lens, context_lens, strict=True)]
         cu = [0]

@@ -16,7 +16,10 @@ def engine(tiny_model_dir):
 def _full(engine):
     pools = engine.engine.cache
     engine.engine.check_integrity()
-    return pools.block_pool.num_free == pools.block_pool.num_blocks and pools.state_pool.num_free == pools.state_pool.num_slots
+    return (
+        pools.block_pool.num_free == pools.block_pool.num_blocks
+        and pools.state_pool.num_free == pools.state_pool.num_slots
+    )
 
 
 def test_streams_concurrent_requests_token_by_token(engine):

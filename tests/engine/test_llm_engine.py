@@ -108,8 +108,9 @@ def test_requests_that_can_never_run_are_refused_not_queued(tiny_model_dir):
         engine.add_request(list(range(60)), SamplingParams(max_tokens=8))
     with pytest.raises(ValueError, match="outside the vocabulary"):
         engine.add_request([engine.spec.vocab_size + 5], GREEDY)
-    small = LLM(tiny_model_dir, block_size=4, max_num_seqs=2,
-                kv_cache_memory_bytes=_budget(tiny_model_dir, 2, 8, 4))
+    small = LLM(
+        tiny_model_dir, block_size=4, max_num_seqs=2, kv_cache_memory_bytes=_budget(tiny_model_dir, 2, 8, 4)
+    )
     with pytest.raises(RequestTooLargeError, match="whole KV cache"):
         small.engine.add_request(list(range(30)), SamplingParams(max_tokens=8))
     assert not engine.has_unfinished() and not small.engine.has_unfinished()
@@ -133,13 +134,18 @@ def test_generate_text_chat_stop_and_stats(tiny_model_dir):
     assert len(out.token_ids) == 5 and out.finish_reason == "length"
     assert out.stats.num_prompt_tokens == len(out.prompt_token_ids) > 0
     assert out.stats.ttft is not None and out.stats.ttft > 0 and out.stats.prefill_seconds > 0
-    chat = llm.chat([{"role": "user", "content": "hello"}], SamplingParams(temperature=0.0, max_tokens=4,
-                                                                          ignore_eos=True))[0]
+    chat = llm.chat(
+        [{"role": "user", "content": "hello"}], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    )[0]
     rendered = llm.tokenizer.apply_chat_template([{"role": "user", "content": "hello"}])
     assert chat.prompt_token_ids == llm.tokenizer.encode(rendered, add_special_tokens=False)
     # A stop token id that greedy decoding is about to produce ends the request with that reason.
-    first = llm.generate([1, 2, 3], SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))[0].token_ids[0]
-    stopped = llm.generate([1, 2, 3], SamplingParams(temperature=0.0, max_tokens=8, stop_token_ids=[first]))[0]
+    first = llm.generate([1, 2, 3], SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))[
+        0
+    ].token_ids[0]
+    stopped = llm.generate([1, 2, 3], SamplingParams(temperature=0.0, max_tokens=8, stop_token_ids=[first]))[
+        0
+    ]
     assert stopped.finish_reason == "stop" and stopped.stop_reason == first and stopped.token_ids == [first]
     _assert_pools_full(llm)
 
@@ -148,6 +154,8 @@ def test_seeded_sampling_is_reproducible_across_batches(tiny_model_dir):
     llm = LLM(tiny_model_dir)
     p = SamplingParams(temperature=1.0, top_p=0.9, seed=7, max_tokens=10, ignore_eos=True)
     alone = llm.generate([5, 6, 7, 8], p)[0].token_ids
-    mixed = llm.generate([[5, 6, 7, 8], [9, 9, 9], [1, 2]], [p, SamplingParams(temperature=1.0, max_tokens=10),
-                                                              SamplingParams(temperature=0.7, max_tokens=3)])
+    mixed = llm.generate(
+        [[5, 6, 7, 8], [9, 9, 9], [1, 2]],
+        [p, SamplingParams(temperature=1.0, max_tokens=10), SamplingParams(temperature=0.7, max_tokens=3)],
+    )
     assert mixed[0].token_ids == alone

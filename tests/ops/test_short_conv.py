@@ -14,8 +14,13 @@ def _reference(x, weight, bias):
 def _run(x, weight, bias, pool, slots, has_init, lens, export_ids=None):
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
     return causal_conv1d(
-        x, weight, bias, conv_state_pool=pool, state_indices=torch.tensor(slots),
-        has_initial_state=torch.tensor(has_init), cu_seqlens=cu,
+        x,
+        weight,
+        bias,
+        conv_state_pool=pool,
+        state_indices=torch.tensor(slots),
+        has_initial_state=torch.tensor(has_init),
+        cu_seqlens=cu,
         export_token_ids=None if export_ids is None else torch.tensor(export_ids),
     )
 
@@ -28,17 +33,24 @@ def test_split_spans_equal_whole_sequence_and_exports_match_stopped_runs():
     pool = torch.zeros(8, d, k - 1)
     # First pass: each sequence's first part, exporting at arbitrary offsets.
     cut = [5, 1, 7]
-    x = torch.cat([s[:c] for s, c in zip(seqs, cut)])
+    x = torch.cat([s[:c] for s, c in zip(seqs, cut, strict=False)])
     y1, exp = _run(x, weight, bias, pool, [0, 1, 2], [False] * 3, cut, export_ids=[1, 5, 6 + 4])
-    y2, _ = _run(torch.cat([s[c:] for s, c in zip(seqs, cut)]), weight, bias, pool, [0, 1, 2], [True] * 3,
-                 [len(s) - c for s, c in zip(seqs, cut)])
+    y2, _ = _run(
+        torch.cat([s[c:] for s, c in zip(seqs, cut, strict=False)]),
+        weight,
+        bias,
+        pool,
+        [0, 1, 2],
+        [True] * 3,
+        [len(s) - c for s, c in zip(seqs, cut, strict=False)],
+    )
     got = []
     o1 = o2 = 0
-    for s, c in zip(seqs, cut):
-        got.append(torch.cat([y1[o1:o1 + c], y2[o2:o2 + len(s) - c]]))
+    for s, c in zip(seqs, cut, strict=False):
+        got.append(torch.cat([y1[o1 : o1 + c], y2[o2 : o2 + len(s) - c]]))
         o1 += c
         o2 += len(s) - c
-    for s, g in zip(seqs, got):
+    for s, g in zip(seqs, got, strict=False):
         torch.testing.assert_close(g, _reference(s, weight, bias), rtol=1e-6, atol=1e-6)
     # Exported state after token 2 of seq 0 = its first two inputs, left-padded with zeros.
     torch.testing.assert_close(exp[0], torch.cat([torch.zeros(d, 1), seqs[0][:2].T], dim=1))

@@ -8,7 +8,9 @@ from torch import Tensor
 
 
 def store_kv(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
-    """Write new keys/values into the paged pool. k: [T, Hkv, D]; k_cache: [num_blocks, block_size, Hkv, D]."""
+    """Write new keys/values into the paged pool.
+
+    k: [T, Hkv, D]; k_cache: [num_blocks, block_size, Hkv, D]."""
     block_size = k_cache.shape[1]
     blocks, offsets = slot_mapping // block_size, slot_mapping % block_size
     k_cache[blocks, offsets] = k.to(k_cache.dtype)

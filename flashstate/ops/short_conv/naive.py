@@ -32,8 +32,10 @@ def causal_conv1d(
     for i in range(len(bounds) - 1):
         start, end = bounds[i], bounds[i + 1]
         slot = int(state_indices[i])
-        prev = conv_state_pool[slot] if bool(has_initial_state[i]) else conv_state_pool.new_zeros(
-            conv_state_pool.shape[1:]
+        prev = (
+            conv_state_pool[slot]
+            if bool(has_initial_state[i])
+            else conv_state_pool.new_zeros(conv_state_pool.shape[1:])
         )
         seq = torch.cat([prev.to(x.dtype), x[start:end].T], dim=1)  # [D, K - 1 + L]
         y = F.conv1d(seq.unsqueeze(0), weight.unsqueeze(1), bias, groups=seq.shape[0])[0]  # [D, L]
