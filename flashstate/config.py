@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
+CACHE_POLICIES = ("flashstate", "vllm", "sglang", "none")
+EVICTIONS = ("gds", "lru")
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +26,27 @@ class EngineConfig:
     cpu_cache_memory_bytes: int = 512 << 20  # budget on CPU when kv_cache_memory_bytes is unset
     state_cache_fraction: float = 0.25  # share of the budget for checkpoint slots (prefix caching on)
     enable_prefix_caching: bool = True
+    # Prefix cache (DESIGN.md §2–3).
+    cache_policy: str = "flashstate"  # flashstate | vllm | sglang | none
+    mamba_frontier_checkpoint: bool = True  # checkpoint the hybrid state at each request's end
+    mamba_prefill_export: bool = True  # export planned checkpoints from inside prefill chunks
+    prefix_cache_eviction: str = "gds"  # gds (saved seconds per byte) | lru
+    prefill_cost_coefficients: tuple[float, float] | None = None  # C(n) = a·n + b·n²; None: calibrate
+    calibration_cache_dir: str | None = None  # default ~/.cache/flashstate/calibration
+    prefix_cache_leaf_last: bool = True  # protect recently active session frontiers
+    prefix_cache_leaf_idle_seconds: float = 60.0
+    mamba_block_size: int | None = None  # vllm policy: checkpoint block; None: derived like vLLM
+    # Server.
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: str | None = None
+    api_key: str | None = None
+    max_waiting_requests: int = 1024  # beyond this the server answers 503
+    tensor_parallel_size: int = 1
+
+    @property
+    def prefix_caching(self) -> bool:
+        return self.enable_prefix_caching and self.cache_policy != "none"
 
     def __post_init__(self) -> None:
         def positive(name: str) -> None:
@@ -44,5 +67,26 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.cache_policy not in CACHE_POLICIES:
+            raise ValueError(
+                f"cache_policy must be one of {', '.join(CACHE_POLICIES)}, got {self.cache_policy!r}"
+            )
+        if self.prefix_cache_eviction not in EVICTIONS:
+            raise ValueError(
+                f"prefix_cache_eviction must be one of {', '.join(EVICTIONS)}, "
+                f"got {self.prefix_cache_eviction!r}"
+            )
+        if self.prefill_cost_coefficients is not None and (
+            len(self.prefill_cost_coefficients) != 2 or min(self.prefill_cost_coefficients) < 0
+        ):
+            raise ValueError("prefill_cost_coefficients must be two non-negative numbers A B")
+        if self.prefix_cache_leaf_idle_seconds < 0:
+            raise ValueError("prefix_cache_leaf_idle_seconds must be >= 0")
+        for name in ("mamba_block_size", "max_waiting_requests", "tensor_parallel_size"):
+            positive(name)
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port must be in 1..65535, got {self.port}")
+        if self.tensor_parallel_size != 1:
+            raise ValueError("tensor_parallel_size > 1 is not supported yet")
         if not 0 <= self.state_cache_fraction < 1:
             raise ValueError(f"state_cache_fraction must be in [0, 1), got {self.state_cache_fraction}")

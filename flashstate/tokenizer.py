@@ -21,7 +21,7 @@ from bisect import bisect_right
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -151,7 +151,7 @@ class Tokenizer:
         assistant message) or the template refuses the shorter list, message k gets no position.
         """
         full = self.apply_chat_template(messages, tools, add_generation_prompt, **kwargs)
-        encoding = self.backend.encode(full, add_special_tokens=False)
+        encoding = self._untrimmed.encode(full, add_special_tokens=False)
         ends = [end for _, end in encoding.offsets]  # character offsets, non-decreasing
         positions: list[int] = []
         for k in range(1, len(messages) + 1):
@@ -163,6 +163,15 @@ class Tokenizer:
                 positions.append(bisect_right(ends, len(prefix)))
         positions.append(len(encoding.ids))
         return sorted({p for p in positions if p > 0})
+
+    @cached_property
+    def _untrimmed(self) -> tokenizers.Tokenizer:
+        """The backend without its post-processor: the same ids when no special tokens are added, and offsets
+        straight from the pre-tokenizer (a ByteLevel post-processor's `trim_offsets` shrinks whitespace
+        tokens' spans)."""
+        plain = tokenizers.Tokenizer.from_str(self.backend.to_str())
+        plain.post_processor = None
+        return plain
 
 
 def _read_json(path: Path) -> dict:

@@ -5,6 +5,7 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tokenizers import processors
 
 from flashstate.tokenizer import (
     DEFAULT_CHAT_TEMPLATE,
@@ -188,6 +189,18 @@ def test_boundaries_round_down_inside_a_merged_token():
     ids = tok.encode("x return y", add_special_tokens=False)
     assert tok.backend.encode("x return y").tokens == ["x", "Ġreturn", "Ġy"]
     assert tok.chat_message_boundaries(messages) == [1, len(ids)]
+
+
+def test_boundaries_ignore_trimmed_offsets():
+    # A ByteLevel post-processor with trim_offsets (RoBERTa-style) shrinks whitespace tokens' spans: "ĊĠ"
+    # below covers characters [1, 3) but reports [1, 2), which would put it wholly inside "a\n".
+    trimmed = build_default_tokenizer()
+    trimmed.post_processor = processors.ByteLevel(trim_offsets=True)
+    tok = Tokenizer(trimmed, "{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert trimmed.encode("a\n  b").tokens == ["a", "ĊĠ", "Ġb"]
+    assert trimmed.encode("a\n  b").offsets[1] == (1, 2)
+    messages = [{"role": "user", "content": "a\n"}, {"role": "user", "content": "  b"}]
+    assert tok.chat_message_boundaries(messages) == [1, 3]
 
 
 def test_boundaries_fall_back_when_a_template_rewrites_earlier_turns():

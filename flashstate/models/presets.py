@@ -1,12 +1,12 @@
 """Named model presets: HF `config.json` dicts, and random-weight model directories made from them.
 
-    preset            family        dtype  layers (attention)  params (total / without embeddings)
-    tiny              Qwen3-Next    fp32   8 (2)               1.16M / 0.64M   the embedded default
-    tiny-nemotron-h   Nemotron-H    fp32   8 blocks (1)        0.99M / 0.46M
-    tiny-kimi-linear  Kimi-Linear   fp32   8 (2), MoE 8×top-2  1.50M / 0.98M
-    qwen3-next-2b     Qwen3-Next    bf16   24 (6)              2.223B / 1.600B
-    nemotron-h-2b     Nemotron-H    bf16   44 blocks (4)       1.838B / 1.301B
-    kimi-linear-2b    Kimi-Linear   bf16   24 (6)              2.293B / 1.622B
+    preset            family       dtype  layout                                params: total / w/o embeddings
+    tiny              Qwen3-Next   fp32   8 layers, attention at 3, 7, dense    2.24M / 1.72M   (the default)
+    tiny-nemotron-h   Nemotron-H   fp32   "M-M-M*-M": 4 Mamba2, 1 attn, 3 MLP   1.44M / 0.92M
+    tiny-kimi-linear  Kimi-Linear  fp32   8 layers, MLA at 3, 7, MoE 8 × top-2  2.87M / 2.35M
+    qwen3-next-2b     Qwen3-Next   bf16   24 layers, 6 attention, dense         2.223B / 1.601B
+    nemotron-h-2b     Nemotron-H   bf16   "M-M-M-M-M*-" × 4 (44 blocks)         1.841B / 1.304B
+    kimi-linear-2b    Kimi-Linear  bf16   24 layers, 6 MLA, dense               2.294B / 1.623B
 
 The tiny presets use the default tokenizer's vocabulary (2048) and are fast on a CPU. The 2B presets keep
 each family's real mixer shapes (Qwen3-Next-80B's attention and Gated DeltaNet heads at hidden 2048,
