@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from flashstate.cache.block_pool import BlockPool
 from flashstate.cache.state_pool import StatePool
+from flashstate.cache.stats import CacheStats
 from flashstate.engine.sequence import Sequence
 
 
@@ -15,6 +16,7 @@ class CacheManager:
     def __init__(self, block_pool: BlockPool, state_pool: StatePool):
         self.block_pool = block_pool
         self.state_pool = state_pool
+        self.stats = CacheStats()
 
     @property
     def block_size(self) -> int:
