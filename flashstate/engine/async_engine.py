@@ -33,7 +33,11 @@ class AsyncEngine:
         self._thread.start()
 
     async def generate(
-        self, prompt: str | list[int], params: SamplingParams | None = None, request_id: str | None = None
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        checkpoint_positions: list[int] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Queue a request (errors for bad input raise here, before anything is queued) and stream its
         outputs until it finishes."""
@@ -41,7 +45,7 @@ class AsyncEngine:
             raise EngineDeadError(f"engine loop failed: {self._error}")
         queue: asyncio.Queue = asyncio.Queue()
         with self._lock:
-            rid = self.engine.add_request(prompt, params, request_id)
+            rid = self.engine.add_request(prompt, params, request_id, checkpoint_positions)
             self._streams[rid] = (asyncio.get_running_loop(), queue)
         self._wake.set()
         finished = False

@@ -100,8 +100,12 @@ class LLMEngine:
         prompt: str | list[int],
         params: SamplingParams | None = None,
         request_id: str | None = None,
+        checkpoint_positions: list[int] | None = None,
     ) -> str:
-        """Tokenise and queue a request; raises ValueError (RequestTooLargeError) if it can never run."""
+        """Tokenise and queue a request; raises ValueError (RequestTooLargeError) if it can never run.
+
+        `checkpoint_positions`: prompt token counts where the prefix cache may keep a checkpoint (e.g. the
+        ends of chat messages); used when the policy exports states from inside prefill."""
         params = params or SamplingParams()
         if isinstance(prompt, str):
             text, token_ids = prompt, self.tokenizer.encode(prompt)
@@ -118,6 +122,7 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         seq = Sequence(request_id, token_ids, params)
+        seq.hint_positions = sorted({p for p in checkpoint_positions or [] if 0 < p <= len(token_ids)})
         self.scheduler.add(seq)
         stop = StopChecker(
             params,

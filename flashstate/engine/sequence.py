@@ -53,8 +53,8 @@ class Sequence:
     stop_reason: int | str | None = None
     logprobs: list[float] = field(default_factory=list)
     generator: torch.Generator | None = None
-    # Positions (token counts) where the prefix cache wants a checkpoint exported during prefill.
-    export_points: list[int] = field(default_factory=list)
+    # Prompt token counts where the caller suggests checkpoints (chat-message ends).
+    hint_positions: list[int] = field(default_factory=list)
     stats: RequestStats = field(default_factory=lambda: RequestStats(time.monotonic()))
 
     def __post_init__(self) -> None:

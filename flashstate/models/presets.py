@@ -371,8 +371,8 @@ def init_tensor(
                     but the Gated DeltaNet output norm)
     anything else   normal(0, initializer_range)
     """
-    leaf = name.rsplit(".", 1)[-1]
-    module = name.rsplit(".", 2)[-2] if name.count(".") >= 1 else ""
+    parts = name.split(".")
+    leaf, module = parts[-1], parts[-2] if len(parts) > 1 else ""
     kind = spec.linear.kind if spec.linear is not None else None
 
     def uniform(lo: float, hi: float) -> torch.Tensor:
@@ -439,6 +439,9 @@ def preset_dir(name: str = DEFAULT_PRESET, seed: int = 0) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
         materialize_config(config, tmp, seed)
+        for file in tmp.iterdir():  # safetensors writes 0600 and mkdtemp makes 0700: let others read
+            file.chmod(0o644)
+        tmp.chmod(0o755)
         try:
             os.rename(tmp, final)
         except OSError:

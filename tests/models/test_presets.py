@@ -80,6 +80,7 @@ def test_presets_parse(name):
     assert spec.dtype == (torch.float32 if name in TINY else torch.bfloat16)
     assert spec.eos_token_ids == (IM_END_ID,)
     assert spec.vocab_size >= DEFAULT_VOCAB_SIZE
+    assert spec.max_position_embeddings >= 131072
     assert spec.attention_layer_ids and spec.linear_layer_ids
     if spec.architecture != "NemotronHForCausalLM":  # one full-attention layer in every four
         assert spec.attention_layer_ids == list(range(3, spec.num_layers, 4))
@@ -91,10 +92,23 @@ def test_tiny_is_the_default_tokenizer_size():
         assert preset_config(name)["vocab_size"] == DEFAULT_VOCAB_SIZE
 
 
-@pytest.mark.parametrize("name", BENCH)
-def test_bench_presets_are_2b(name):
-    n = count_parameters(ModelSpec.from_hf(preset_config(name)))
-    assert 1.6e9 <= n <= 2.6e9
+# The counts the module docstring's table quotes.
+COUNTS = {
+    "tiny": (2_243_056, 1_718_768),
+    "tiny-nemotron-h": (1_439_456, 915_168),
+    "tiny-kimi-linear": (2_869_464, 2_345_176),
+    "qwen3-next-2b": (2_223_415_680, 1_601_085_824),
+    "nemotron-h-2b": (1_840_518_912, 1_303_648_000),
+    "kimi-linear-2b": (2_294_169_408, 1_623_080_768),
+}
+
+
+@pytest.mark.parametrize("name", TINY + BENCH)
+def test_parameter_counts(name):
+    spec = ModelSpec.from_hf(preset_config(name))
+    assert (count_parameters(spec), count_parameters(spec, embeddings=False)) == COUNTS[name]
+    if name in BENCH:
+        assert 1.6e9 <= count_parameters(spec) <= 2.6e9
 
 
 @pytest.mark.parametrize("name", TINY + BENCH + list(VARIANTS))
@@ -209,6 +223,9 @@ def test_preset_dir_is_cached_and_atomic(tmp_path, monkeypatch):
     path = results[0]
     assert path.parent == tmp_path / "models" and path.name.startswith("tiny-nemotron-h-")
     assert os.listdir(path.parent) == [path.name]  # no temporary copies left behind
+    assert (
+        path / "model.safetensors"
+    ).stat().st_mode & 0o777 == 0o644 and path.stat().st_mode & 0o777 == 0o755
     stamp = (path / "model.safetensors").stat().st_mtime_ns
     assert preset_dir("tiny-nemotron-h") == path
     assert (path / "model.safetensors").stat().st_mtime_ns == stamp  # reused, not rewritten
