@@ -8,6 +8,7 @@ from dataclasses import dataclass
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 CACHE_POLICIES = ("flashstate", "vllm", "sglang", "none")
 EVICTIONS = ("gds", "lru")
+HOST_CACHES = (None, "memory", "mooncake")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,12 +31,16 @@ class EngineConfig:
     cache_policy: str = "flashstate"  # flashstate | vllm | sglang | none
     mamba_frontier_checkpoint: bool = True  # checkpoint the hybrid state at each request's end
     mamba_prefill_export: bool = True  # export planned checkpoints from inside prefill chunks
-    prefix_cache_eviction: str = "gds"  # gds (saved seconds per byte) | lru
+    prefix_cache_eviction: str | None = None  # gds | lru; None: the policy's own (flashstate: gds)
     prefill_cost_coefficients: tuple[float, float] | None = None  # C(n) = a·n + b·n²; None: calibrate
     calibration_cache_dir: str | None = None  # default ~/.cache/flashstate/calibration
     prefix_cache_leaf_last: bool = True  # protect recently active session frontiers
     prefix_cache_leaf_idle_seconds: float = 60.0
     mamba_block_size: int | None = None  # vllm policy: checkpoint block; None: derived like vLLM
+    # Host tier (DESIGN.md §2.3): None (off) | memory (embedded store) | mooncake (mooncake_master store).
+    host_cache: str | None = None
+    host_cache_bytes: int | None = None  # host tier capacity; None: the backend's default
+    mooncake_master: str | None = None  # HOST:PORT of a running mooncake_master (host_cache="mooncake")
     # Server.
     host: str = "127.0.0.1"
     port: int = 8000
@@ -43,6 +48,7 @@ class EngineConfig:
     api_key: str | None = None
     max_waiting_requests: int = 1024  # beyond this the server answers 503
     tensor_parallel_size: int = 1
+    max_request_body_bytes: int = 32 << 20  # larger request bodies get 413
 
     @property
     def prefix_caching(self) -> bool:
@@ -71,7 +77,7 @@ class EngineConfig:
             raise ValueError(
                 f"cache_policy must be one of {', '.join(CACHE_POLICIES)}, got {self.cache_policy!r}"
             )
-        if self.prefix_cache_eviction not in EVICTIONS:
+        if self.prefix_cache_eviction is not None and self.prefix_cache_eviction not in EVICTIONS:
             raise ValueError(
                 f"prefix_cache_eviction must be one of {', '.join(EVICTIONS)}, "
                 f"got {self.prefix_cache_eviction!r}"
@@ -82,11 +88,31 @@ class EngineConfig:
             raise ValueError("prefill_cost_coefficients must be two non-negative numbers A B")
         if self.prefix_cache_leaf_idle_seconds < 0:
             raise ValueError("prefix_cache_leaf_idle_seconds must be >= 0")
-        for name in ("mamba_block_size", "max_waiting_requests", "tensor_parallel_size"):
+        for name in (
+            "mamba_block_size",
+            "max_waiting_requests",
+            "tensor_parallel_size",
+            "host_cache_bytes",
+            "max_request_body_bytes",
+        ):
             positive(name)
+        self._check_host_tier()
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
         if self.tensor_parallel_size != 1:
             raise ValueError("tensor_parallel_size > 1 is not supported yet")
         if not 0 <= self.state_cache_fraction < 1:
             raise ValueError(f"state_cache_fraction must be in [0, 1), got {self.state_cache_fraction}")
+
+    def _check_host_tier(self) -> None:
+        if self.host_cache not in HOST_CACHES:
+            raise ValueError(f"host_cache must be memory, mooncake or None, got {self.host_cache!r}")
+        if self.host_cache is None and self.host_cache_bytes is not None:
+            raise ValueError("host_cache_bytes needs a host tier (host_cache memory or mooncake)")
+        if self.mooncake_master is None:
+            return
+        if self.host_cache != "mooncake":
+            raise ValueError("mooncake_master needs host_cache='mooncake'")
+        host, _, port = self.mooncake_master.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"mooncake_master must be HOST:PORT, got {self.mooncake_master!r}")

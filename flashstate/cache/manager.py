@@ -1,59 +1,269 @@
-"""CacheManager: the one facade the scheduler sees over the block pool and the state pool.
+"""CacheManager: the one facade the scheduler sees over the block pool, the state pool and the prefix tree.
 
-Verbs: `admit` (a working state slot, and later the prefix-cache match), `allocate` (KV blocks for the
-next chunk), `free` (everything a sequence holds), `check_integrity`.
+Verbs:
+    admit(seq)            a working state slot, and the prefix hit: the deepest checkpoint on the
+                          prompt's cached path, restored into the working slot; KV blocks shared,
+                          except a partially filled last block, which is copied (copy-on-write)
+    allocate(seq, n)      KV blocks for the next n tokens, evicting cache units when short
+    exports(seq, n)       checkpoint slots for planned positions inside the next n tokens
+    commit_export(...)    after the step: the exported state becomes a checkpoint in the tree
+    release(seq, commit)  at request end the frontier checkpoint is committed (policy permitting),
+                          then every block reference and the working slot are returned
+
+Ownership: a block's ref count = tree nodes holding it + sequences whose block table holds it. A slot
+is owned by one running sequence, one tree node, or one in-flight export.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from flashstate.cache.block_pool import BlockPool
+from flashstate.cache.policy import Policy
 from flashstate.cache.state_pool import StatePool
 from flashstate.cache.stats import CacheStats
+from flashstate.cache.tree import Node, RadixTree
 from flashstate.engine.sequence import Sequence
 
 
 class CacheManager:
-    def __init__(self, block_pool: BlockPool, state_pool: StatePool):
+    def __init__(
+        self,
+        block_pool: BlockPool,
+        state_pool: StatePool,
+        policy: Policy | None = None,
+        max_checkpoints: int = 0,
+        copy_block: Callable[[int, int], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.block_pool = block_pool
         self.state_pool = state_pool
+        self.policy = policy
+        self.max_checkpoints = max_checkpoints
+        self.tree = RadixTree(block_pool)
         self.stats = CacheStats()
+        self._copy_block = copy_block
+        self._clock = clock
+        self._inflight: set[int] = set()  # export slots between schedule and commit
+        self.num_checkpoints = 0
 
     @property
     def block_size(self) -> int:
         return self.block_pool.block_size
 
+    @property
+    def enabled(self) -> bool:
+        return self.policy is not None
+
     def can_ever_fit(self, num_tokens: int) -> bool:
         return self.block_pool.blocks_for(num_tokens) <= self.block_pool.num_blocks
 
+    # ---- admission ------------------------------------------------------------------------------
+
     def admit(self, seq: Sequence) -> bool:
-        """Give a waiting sequence its working state slot; False when none is free."""
-        if self.state_pool.num_free == 0:
+        """Give a waiting sequence its working slot and its prefix hit; False (nothing held) if no slot."""
+        slot = self._take_slot()
+        if slot is None:
             return False
-        seq.state_slot = self.state_pool.allocate()
+        seq.state_slot = slot
+        first = seq.stats.first_scheduled_time is None and seq.stats.num_preemptions == 0
+        if not self.enabled:
+            if first:
+                self._count_query(seq, 0)
+            return True
+        match = self.tree.match(seq.token_ids, limit=len(seq.token_ids) - 1)
+        depth = match.depth
+        if depth:
+            table = self.tree.block_table(match.node)
+            full = depth // self.block_size
+            seq.block_table = table[:full]
+            self.block_pool.incref(seq.block_table)
+            copy = self._take_blocks(1) if depth % self.block_size else []
+            if copy is None:  # no block to copy the partial one into: treat as a miss
+                self.block_pool.free(seq.block_table)
+                seq.block_table, depth = [], 0
+                match = self.tree.match([], 0)
+            else:
+                for block in copy:
+                    self._copy_block(table[full], block)
+                seq.block_table.extend(copy)
+                self.state_pool.copy(match.node.slot, slot)
+                self.policy.stamp(match.node, self._clock())
+        seq.num_computed_tokens = depth
+        self._lock(match.node, +1)
+        seq.cache_handle = match.node
+        seq.export_plan = self.policy.plan_exports(seq, match)
+        if first:
+            self._count_query(seq, depth)
         return True
+
+    def _count_query(self, seq: Sequence, depth: int) -> None:
+        s = self.stats
+        s.queries += 1
+        s.query_tokens += seq.num_prompt_tokens
+        s.hits += depth > 0
+        s.cached_tokens += depth
+        s.uncached_tokens += seq.num_prompt_tokens - depth
+        seq.stats.num_cached_tokens = depth
+
+    # ---- per step -------------------------------------------------------------------------------
 
     def allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Make the block table cover num_computed_tokens + num_new_tokens; False (nothing taken) if short."""
         need = self.block_pool.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
         if need <= 0:
             return True
-        if need > self.block_pool.num_free:
+        blocks = self._take_blocks(need)
+        if blocks is None:
             return False
-        seq.block_table.extend(self.block_pool.allocate(need))
+        seq.block_table.extend(blocks)
         return True
 
-    def free(self, seq: Sequence) -> None:
-        """Return every block and the working slot of a finished, aborted or preempted sequence."""
+    def exports(self, seq: Sequence, num_new_tokens: int) -> list[tuple[int, int]]:
+        """(tokens into this chunk, destination slot) for planned checkpoints the chunk passes."""
+        start, out = seq.num_computed_tokens, []
+        for p in seq.export_plan:
+            if start < p <= start + num_new_tokens:
+                slot = self._take_slot()
+                if slot is None:
+                    break
+                self._inflight.add(slot)
+                out.append((p - start, slot))
+        return out
+
+    def commit_export(self, seq: Sequence, depth: int, slot: int) -> None:
+        """The slot now holds the state after token depth - 1 of `seq` (whose KV is computed)."""
+        self._inflight.discard(slot)
+        self._insert_checkpoint(seq, depth, slot, frontier=False)
+
+    def release(self, seq: Sequence, commit: bool) -> None:
+        """Return everything a finished (commit=True), aborted or preempted sequence holds."""
+        frontier = self.enabled and self.policy.frontier
+        if commit and frontier and seq.num_computed_tokens and seq.state_slot is not None:
+            slot, seq.state_slot = seq.state_slot, None
+            self._insert_checkpoint(seq, seq.num_computed_tokens, slot, frontier=True)
+        if seq.cache_handle is not None:
+            self._lock(seq.cache_handle, -1)
+            seq.cache_handle = None
         self.block_pool.free(seq.block_table)
         seq.block_table = []
         if seq.state_slot is not None:
             self.state_pool.free(seq.state_slot)
             seq.state_slot = None
 
+    # ---- the tree -------------------------------------------------------------------------------
+
+    def _insert_checkpoint(self, seq: Sequence, depth: int, slot: int, frontier: bool) -> None:
+        now = self._clock()
+        node, _ = self.tree.insert(seq.token_ids, seq.block_table, depth)
+        if node.slot is not None:  # already checkpointed (another request got here first)
+            self.state_pool.free(slot)
+            self.policy.stamp(node, now)
+            node.frontier |= frontier
+            return
+        node.slot, node.frontier = slot, frontier
+        self.num_checkpoints += 1
+        self.policy.stamp(node, now)
+        while self.num_checkpoints > self.max_checkpoints:
+            victim = self._victim(leaves_only=False, exclude=node)
+            if victim is None or self._key(node, now) < self._key(victim, now):
+                self.stats.admissions_refused += 1
+                self._evict(node, "refused")
+                break
+            self._evict(victim, "capacity_state")
+        self._update_gauges()
+
+    def _key(self, node: Node, now: float) -> tuple[bool, float]:
+        return self.policy.key(node, self.tree.exclusive_blocks(node) if node.is_leaf else 0, now)
+
+    def _victim(self, leaves_only: bool, exclude: Node | None = None) -> Node | None:
+        now = self._clock()
+        best, best_key = None, None
+        for node in self.tree.nodes():
+            if node.slot is None or node.lock or node is exclude or (leaves_only and not node.is_leaf):
+                continue
+            key = self._key(node, now)
+            if best_key is None or key < best_key:
+                best, best_key = node, key
+        return best
+
+    def _evict(self, node: Node, reason: str) -> None:
+        self.policy.on_evict(node, self.tree.exclusive_blocks(node) if node.is_leaf else 0)
+        self.state_pool.free(node.slot)
+        node.slot = None
+        node.frontier = False
+        self.num_checkpoints -= 1
+        self.stats.evictions[reason] += 1
+        while node.is_leaf and node.slot is None and node.lock == 0 and node.parent is not None:
+            parent = node.parent
+            self.tree.remove_leaf(node)
+            node = parent
+        self._update_gauges()
+
+    def _take_blocks(self, n: int) -> list[int] | None:
+        while self.block_pool.num_free < n:
+            victim = self._victim(leaves_only=True) if self.enabled else None
+            if victim is None:
+                return None
+            self._evict(victim, "capacity_kv")
+        return self.block_pool.allocate(n)
+
+    def _take_slot(self) -> int | None:
+        while self.state_pool.num_free == 0:
+            victim = self._victim(leaves_only=False) if self.enabled else None
+            if victim is None:
+                return None
+            self._evict(victim, "capacity_state")
+        return self.state_pool.allocate()
+
+    def _lock(self, node: Node, delta: int) -> None:
+        for n in node.path():
+            n.lock += delta
+            assert n.lock >= 0
+
+    def _update_gauges(self) -> None:
+        self.stats.checkpoints = self.num_checkpoints
+        self.stats.checkpoint_bytes = self.num_checkpoints * (
+            self.policy.bytes_per_slot if self.policy else 0
+        )
+
+    # ---- invariants -----------------------------------------------------------------------------
+
     def check_integrity(self, live: list[Sequence]) -> None:
+        """Every block and slot is free or owned by exactly the nodes/sequences that reference it."""
         refs: dict[int, int] = {}
+        slots = list(self._inflight)
+        locks: dict[int, int] = {}
         for seq in live:
             for b in seq.block_table:
                 refs[b] = refs.get(b, 0) + 1
+            if seq.state_slot is not None:
+                slots.append(seq.state_slot)
+            if seq.cache_handle is not None:
+                for n in seq.cache_handle.path():
+                    locks[id(n)] = locks.get(id(n), 0) + 1
+        count = 0
+        for node in self.tree.nodes():
+            for b in node.blocks:
+                refs[b] = refs.get(b, 0) + 1
+            if node.slot is not None:
+                slots.append(node.slot)
+                count += 1
+            bs = self.block_size
+            if len(node.blocks) != -(-node.end // bs) - node.start // bs or not node.tokens:
+                raise AssertionError(f"node [{node.start}, {node.end}) holds {len(node.blocks)} blocks")
+            if node.parent.parent is not None and node.start != node.parent.end:
+                raise AssertionError("a node does not start where its parent ends")
+            if node.parent.children.get(node.tokens[0]) is not node:
+                raise AssertionError("a node is not indexed under its first token")
+            if node.is_leaf and node.slot is None and node.lock == 0:
+                raise AssertionError(f"leaf [{node.start}, {node.end}) holds no checkpoint")
+            if node.lock != locks.get(id(node), 0):
+                raise AssertionError(f"node lock {node.lock} != {locks.get(id(node), 0)} running handles")
+        if count != self.num_checkpoints or count > max(self.max_checkpoints, 0) + len(self._inflight):
+            raise AssertionError(
+                f"{count} checkpoints (counted {self.num_checkpoints}, max {self.max_checkpoints})"
+            )
         self.block_pool.check_integrity(refs)
-        self.state_pool.check_integrity([s.state_slot for s in live if s.state_slot is not None])
+        self.state_pool.check_integrity(slots)

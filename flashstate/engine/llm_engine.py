@@ -15,11 +15,13 @@ from dataclasses import dataclass
 import torch
 
 from flashstate.cache.block_pool import BlockPool
+from flashstate.cache.cost import DEFAULT_COST, PrefillCost
 from flashstate.cache.manager import CacheManager
 from flashstate.cache.memory_plan import CachePlan, plan_cache
 from flashstate.cache.state_pool import StatePool
 from flashstate.config import EngineConfig
 from flashstate.engine.cache_tensors import CacheTensors
+from flashstate.engine.calibration import load_or_calibrate
 from flashstate.engine.model_runner import ModelRunner
 from flashstate.engine.outputs import RequestOutput
 from flashstate.engine.scheduler import ScheduledBatch, Scheduler
@@ -82,6 +84,26 @@ class LLMEngine:
         self._ids = itertools.count()
         logger.info(
             "%s on %s (%s): %s", self.spec.architecture, self.device, self.dtype, self.plan.describe()
+        )
+
+    def _prefill_cost(self, caches: CacheTensors) -> PrefillCost:
+        """C(n) from the flag, else (when GDS needs it) the cached or a fresh calibration."""
+        c = self.config
+        if c.prefill_cost_coefficients is not None:
+            return PrefillCost(*c.prefill_cost_coefficients, source="given")
+        gds = c.cache_policy == "flashstate" and (c.prefix_cache_eviction or "gds") == "gds"
+        if not (c.prefix_caching and gds):
+            return DEFAULT_COST
+        cap = 1024 if self.device.type == "cpu" else 32768
+        max_tokens = min(self.max_model_len, self.plan.num_blocks * c.block_size, cap)
+        return load_or_calibrate(
+            self.model,
+            caches,
+            c.block_size,
+            c.max_num_batched_tokens,
+            max_tokens,
+            self.device,
+            c.calibration_cache_dir,
         )
 
     def _cache_budget(self) -> int:
@@ -159,6 +181,9 @@ class LLMEngine:
     ) -> list[RequestOutput]:
         now = time.monotonic()
         total = sum(batch.num_tokens)
+        for i, count, slot in batch.exports:
+            seq = batch.seqs[i]
+            self.cache.commit_export(seq, seq.num_computed_tokens + count, slot)
         outputs = []
         for seq, n, token, lp in zip(batch.seqs, batch.num_tokens, token_ids, logprobs, strict=True):
             stats = seq.stats

@@ -30,10 +30,7 @@ class ModelRunner:
         self.sampler = Sampler()
         caches.bind(model)
 
-    def build_metadata(
-        self, batch: ScheduledBatch, exports: list[tuple[int, int, int]] | None = None
-    ) -> tuple[torch.Tensor, ForwardMetadata]:
-        """`exports`: (index in batch, tokens of its chunk, destination slot)."""
+    def build_metadata(self, batch: ScheduledBatch) -> tuple[torch.Tensor, ForwardMetadata]:
         tokens: list[int] = []
         for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
             tokens.extend(seq.token_ids[seq.num_computed_tokens : seq.num_computed_tokens + n])
@@ -46,15 +43,15 @@ class ModelRunner:
             block_size=self.block_size,
             state_slots=[s.state_slot for s in batch.seqs],
             has_initial_state=[s.num_computed_tokens > 0 for s in batch.seqs],
-            exports=exports,
+            exports=batch.exports,
             device=self.device,
         )
         return torch.tensor(tokens, dtype=torch.long, device=self.device), meta
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch, exports: list[tuple[int, int, int]] | None = None) -> StepOutput:
+    def run(self, batch: ScheduledBatch) -> StepOutput:
         start = time.perf_counter()
-        input_ids, meta = self.build_metadata(batch, exports)
+        input_ids, meta = self.build_metadata(batch)
         hidden = self.model(input_ids, meta)
         rows = [i for i in range(len(batch)) if batch.samples(i)]
         token_ids: list[int | None] = [None] * len(batch)

@@ -26,11 +26,14 @@ class RequestTooLargeError(ValueError):
 class ScheduledBatch:
     seqs: list[Sequence] = field(default_factory=list)
     num_tokens: list[int] = field(default_factory=list)  # new tokens of each sequence in this step
+    # (index in batch, tokens into its chunk, destination slot): checkpoints exported by this step.
+    exports: list[tuple[int, int, int]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.seqs)
 
-    def add(self, seq: Sequence, n: int) -> None:
+    def add(self, seq: Sequence, n: int, exports: list[tuple[int, int]]) -> None:
+        self.exports.extend((len(self.seqs), count, slot) for count, slot in exports)
         self.seqs.append(seq)
         self.num_tokens.append(n)
 
@@ -86,7 +89,7 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                batch.add(seq, n)
+                batch.add(seq, n, self.cache.exports(seq, n))
                 budget -= n
                 i += 1
         while self.waiting and budget > 0 and not preempted and len(self.running) < self.max_num_seqs:
@@ -95,18 +98,19 @@ class Scheduler:
                 break
             n = min(seq.num_uncomputed, budget)
             if not self.cache.allocate(seq, n):
-                self.cache.free(seq)
+                self.cache.release(seq, commit=False)
+                seq.num_computed_tokens = 0
                 break
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            batch.add(seq, n)
+            batch.add(seq, n, self.cache.exports(seq, n))
             budget -= n
         return batch
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
-        self.cache.free(seq)
+        self.cache.release(seq, commit=False)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         seq.stats.num_preemptions += 1
@@ -120,7 +124,7 @@ class Scheduler:
             self.waiting.remove(seq)
         else:
             return
-        self.cache.free(seq)
+        self.cache.release(seq, commit=reason != "abort")
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
 

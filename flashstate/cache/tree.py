@@ -1,0 +1,199 @@
+"""Token-granular radix tree: the KV path of every cached prefix, plus checkpoints at node ends.
+
+A node covers the token positions [start, end) of its path; its edge is `tokens` (end - start ids).
+It holds one reference on each KV block that covers its positions:
+
+    blocks[i] is the block of index floor(start / B) + i,  for i < ceil(end / B) - floor(start / B)
+
+and that block also holds valid KV for the positions of its index before `start` (inherited from the
+parent, or a copy of the parent's block). A block straddling the boundary of a parent and its child
+may be the same physical block (one writer continued) or a copy (a branch): the path's block table
+takes, for each index, the block of the deepest node covering it.
+
+`slot` is the state-pool slot with every linear layer's state right after position end - 1 (a
+checkpoint), or None. A hit needs a node whose checkpoint sits at exactly the hit depth.
+`lock` counts running sequences whose cache handle lies in this node's subtree: a locked node is
+never evicted.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from flashstate.cache.block_pool import BlockPool
+
+
+@dataclass(eq=False, slots=True)
+class Node:
+    parent: Node | None
+    start: int
+    tokens: list[int]
+    blocks: list[int]
+    slot: int | None = None
+    children: dict[int, Node] = field(default_factory=dict)
+    lock: int = 0
+    # Policy bookkeeping (cache/policy.py).
+    priority: float = 0.0  # GDS H
+    last_access: float = 0.0
+    frontier: bool = False  # made by a request end: a session's resume point
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)
+
+    @property
+    def is_leaf(self) -> bool:
+        return not self.children
+
+    def path(self) -> Iterator[Node]:
+        """Root-exclusive ancestors, this node last."""
+        chain = []
+        node: Node | None = self
+        while node is not None and node.parent is not None:
+            chain.append(node)
+            node = node.parent
+        return reversed(chain)
+
+    def ancestor_checkpoint_depth(self) -> int:
+        """Depth of the nearest checkpoint above this node (0: the empty prefix, always 'held')."""
+        node = self.parent
+        while node is not None and node.parent is not None:
+            if node.slot is not None:
+                return node.end
+            node = node.parent
+        return 0
+
+
+@dataclass(slots=True)
+class Match:
+    node: Node  # deepest node with a checkpoint usable by the request; the root when none
+    depth: int  # its end: tokens restored (0 on a miss)
+    kv_depth: int  # how far the request's tokens follow cached KV (>= depth)
+
+
+class RadixTree:
+    def __init__(self, block_pool: BlockPool):
+        self.pool = block_pool
+        self.block_size = block_pool.block_size
+        self.root = Node(None, 0, [], [])
+
+    def _first(self, pos: int) -> int:
+        return pos // self.block_size
+
+    def _stop(self, pos: int) -> int:
+        return -(-pos // self.block_size)
+
+    def nodes(self) -> Iterator[Node]:
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    # ---- lookup ---------------------------------------------------------------------------------
+
+    def match(self, tokens: list[int], limit: int | None = None) -> Match:
+        """Follow `tokens` down the tree; the hit is the deepest checkpoint at depth <= limit."""
+        limit = len(tokens) if limit is None else limit
+        node, pos, best = self.root, 0, self.root
+        while pos < len(tokens):
+            child = node.children.get(tokens[pos])
+            if child is None:
+                break
+            n = _common_prefix(child.tokens, tokens, pos)
+            pos += n
+            if n < len(child.tokens):
+                break
+            node = child
+            if child.slot is not None and child.end <= limit:
+                best = child
+        return Match(best, best.end, pos)
+
+    def block_table(self, node: Node) -> list[int]:
+        """Blocks holding the KV of positions [0, node.end): per block index, the deepest node's block."""
+        table: list[int] = []
+        for n in node.path():
+            first = self._first(n.start)
+            del table[first:]
+            table.extend(n.blocks)
+        return table
+
+    # ---- structure ------------------------------------------------------------------------------
+
+    def split(self, node: Node, at: int) -> Node:
+        """Cut `node` at position `at` (start < at < end); returns the new upper node (no checkpoint)."""
+        assert node.start < at < node.end and node.parent is not None
+        k = at - node.start
+        first, cut = self._first(node.start), self._stop(at)
+        upper = Node(node.parent, node.start, node.tokens[:k], node.blocks[: cut - first])
+        upper.last_access, upper.priority = node.last_access, node.priority
+        node.parent.children[node.tokens[0]] = upper
+        keep_from = self._first(at) - first  # the straddling block (if any) stays in both
+        self.pool.incref(node.blocks[keep_from : cut - first])
+        node.tokens, node.blocks, node.start = node.tokens[k:], node.blocks[keep_from:], at
+        node.parent = upper
+        upper.children[node.tokens[0]] = node
+        upper.lock = node.lock
+        return upper
+
+    def insert(self, tokens: list[int], block_table: list[int], depth: int) -> tuple[Node, bool]:
+        """Make the path tokens[:depth] exist; new nodes take references on `block_table`'s blocks.
+
+        Returns (the node ending at `depth`, whether it was created or cut just now)."""
+        node, pos = self.root, 0
+        while pos < depth:
+            child = node.children.get(tokens[pos])
+            if child is None:
+                new = Node(node, pos, tokens[pos:depth], block_table[self._first(pos) : self._stop(depth)])
+                self.pool.incref(new.blocks)
+                node.children[tokens[pos]] = new
+                return new, True
+            n = _common_prefix(child.tokens, tokens[:depth], pos)
+            if n < len(child.tokens):
+                upper = self.split(child, pos + n)
+                if pos + n == depth:
+                    return upper, True
+                node, pos = upper, pos + n
+                continue
+            node, pos = child, pos + n
+        return node, False
+
+    def remove_leaf(self, node: Node) -> None:
+        """Detach a leaf without a checkpoint and drop its block references."""
+        assert node.is_leaf and node.slot is None and node.lock == 0 and node.parent is not None
+        del node.parent.children[node.tokens[0]]
+        self.pool.free(node.blocks)
+        node.blocks = []
+
+    def exclusive_blocks(self, node: Node) -> int:
+        """Blocks freed if this leaf (and the checkpoint-less chain above it) went away: those no one else
+        (another node, a running sequence) references."""
+        chain, _ = self.removable_chain(node)
+        refs = Counter(b for n in chain for b in n.blocks)
+        return sum(1 for b, c in refs.items() if self.pool.ref_counts[b] == c)
+
+    def removable_chain(self, node: Node) -> tuple[list[Node], Node]:
+        """The leaf and the ancestors that would become checkpoint-less leaves after it goes; and the
+        first ancestor that stays."""
+        chain = [node]
+        parent = node.parent
+        while (
+            parent is not None
+            and parent.parent is not None
+            and parent.slot is None
+            and parent.lock == 0
+            and len(parent.children) == 1
+        ):
+            chain.append(parent)
+            parent = parent.parent
+        return chain, parent
+
+
+def _common_prefix(edge: list[int], tokens: list[int], pos: int) -> int:
+    n = min(len(edge), len(tokens) - pos)
+    i = 0
+    while i < n and edge[i] == tokens[pos + i]:
+        i += 1
+    return i
