@@ -18,6 +18,7 @@ from flashstate.cache.block_pool import BlockPool
 from flashstate.cache.cost import DEFAULT_COST, PrefillCost
 from flashstate.cache.manager import CacheManager
 from flashstate.cache.memory_plan import CachePlan, plan_cache
+from flashstate.cache.policy import build_policy
 from flashstate.cache.state_pool import StatePool
 from flashstate.config import EngineConfig
 from flashstate.engine.cache_tensors import CacheTensors
@@ -72,9 +73,13 @@ class LLMEngine:
         caches = CacheTensors.allocate(
             self.spec, self.plan.num_blocks, config.block_size, self.plan.num_slots, self.dtype, self.device
         )
+        self.cost = self._prefill_cost(caches)
         self.cache = CacheManager(
             BlockPool(self.plan.num_blocks, config.block_size),
             StatePool(self.plan.num_slots, caches.copy_slot),
+            build_policy(config, self.spec, self.dtype, self.cost),
+            max_checkpoints=self.plan.num_slots - self.plan.num_working_slots,
+            copy_block=caches.copy_block,
         )
         self.scheduler = Scheduler(
             self.cache, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len
