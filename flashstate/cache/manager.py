@@ -152,6 +152,14 @@ class CacheManager:
             self.state_pool.free(seq.state_slot)
             seq.state_slot = None
 
+    def reset(self) -> int:
+        """Evict every checkpoint no running sequence holds (vLLM's reset_prefix_cache); returns how many."""
+        n = 0
+        while (victim := self._victim(leaves_only=False)) is not None:
+            self._evict(victim, "reset")
+            n += 1
+        return n
+
     # ---- the tree -------------------------------------------------------------------------------
 
     def _insert_checkpoint(self, seq: Sequence, depth: int, slot: int, frontier: bool) -> None:

@@ -235,5 +235,8 @@ class LLMEngine:
             prompt=req.prompt,
         )
 
+    def reset_prefix_cache(self) -> int:
+        return self.cache.reset()
+
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()

@@ -16,6 +16,7 @@ def engine(tiny_model_dir):
 def _full(engine):
     pools = engine.engine.cache
     engine.engine.check_integrity()
+    engine.engine.reset_prefix_cache()
     return (
         pools.block_pool.num_free == pools.block_pool.num_blocks
         and pools.state_pool.num_free == pools.state_pool.num_slots

@@ -29,6 +29,8 @@ def _budget(model_dir: str, max_num_seqs: int, num_blocks: int, block_size: int)
 def _assert_pools_full(llm: LLM) -> None:
     engine = llm.engine
     engine.check_integrity()
+    engine.reset_prefix_cache()
+    engine.check_integrity()
     assert engine.cache.block_pool.num_free == engine.cache.block_pool.num_blocks
     assert engine.cache.state_pool.num_free == engine.cache.state_pool.num_slots
 
