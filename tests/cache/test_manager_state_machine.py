@@ -1,0 +1,176 @@
+"""Property-based state machine over the cache manager, for every policy: random agents' turns, forks,
+resends, chunked prefills with exports, preemption, aborts and memory pressure. After every step the
+ownership invariants hold, and every hit restores a prefix that really was checkpointed."""
+
+import random
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from flashstate.cache.block_pool import BlockPool
+from flashstate.cache.cost import PrefillCost
+from flashstate.cache.manager import CacheManager
+from flashstate.cache.policy import Policy
+from flashstate.cache.state_pool import StatePool
+from flashstate.engine.sequence import Sequence
+from flashstate.sampling_params import SamplingParams
+
+BLOCK = 4
+PARAMS = SamplingParams(max_tokens=4)
+
+
+def _policy(name: str) -> Policy | None:
+    common = dict(cost=PrefillCost(1e-5, 1e-7), bytes_per_block=64, bytes_per_slot=256)
+    return {
+        "flashstate": lambda: Policy("flashstate", eviction="gds", frontier=True, prefill_export=True,
+                                     leaf_last=True, leaf_idle_seconds=3.0, **common),
+        "flashstate-lru": lambda: Policy("flashstate", eviction="lru", frontier=True, prefill_export=True,
+                                         **common),
+        "vllm": lambda: Policy("vllm", checkpoint_block=8, **common),
+        "sglang": lambda: Policy("sglang", frontier=True, **common),
+        "none": lambda: None,
+    }[name]()
+
+
+class CacheMachine(RuleBasedStateMachine):
+    policy_name = "flashstate"
+
+    def __init__(self):
+        super().__init__()
+        self.now = 0.0
+        self.cache = CacheManager(
+            BlockPool(28, BLOCK), StatePool(10), _policy(self.policy_name), max_checkpoints=6,
+            copy_block=lambda src, dst: None, clock=lambda: self.now,
+        )
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.contexts: list[list[int]] = []  # finished requests' tokens: the agents' histories
+        self.committed: set[tuple[int, ...]] = set()
+        self.ids = 0
+
+    def _seq(self, tokens: list[int]) -> Sequence:
+        self.ids += 1
+        return Sequence(str(self.ids), tokens, PARAMS)
+
+    @rule(data=st.data(), kind=st.sampled_from(["fresh", "next_turn", "fork", "resend"]))
+    def new_request(self, data, kind):
+        rng = random.Random(data.draw(st.integers(0, 2**16)))
+        if kind == "fresh" or not self.contexts:
+            tokens = [rng.randrange(3) for _ in range(rng.randint(1, 20))]
+        else:
+            base = rng.choice(self.contexts)
+            if kind == "next_turn":
+                tokens = base + [rng.randrange(3) for _ in range(rng.randint(1, 12))]
+            elif kind == "fork":
+                tokens = base[: rng.randint(1, len(base))] + [rng.randrange(3) for _ in range(rng.randint(1, 9))]
+            else:
+                tokens = list(base)
+        if self.cache.can_ever_fit(len(tokens) + PARAMS.max_tokens):
+            self.waiting.append(self._seq(tokens))
+
+    @precondition(lambda self: self.waiting and len(self.running) < 6)
+    @rule()
+    def admit(self):
+        seq = self.waiting[0]
+        if not self.cache.admit(seq):
+            return
+        self.waiting.pop(0)
+        depth = seq.num_computed_tokens
+        assert depth <= len(seq.token_ids) - 1
+        if depth:
+            assert tuple(seq.token_ids[:depth]) in self.committed, "hit on a prefix never checkpointed"
+        self.running.append(seq)
+
+    @precondition(lambda self: self.running)
+    @rule(i=st.integers(0, 5), n=st.integers(1, 9), token=st.integers(0, 2))
+    def step(self, i, n, token):
+        seq = self.running[i % len(self.running)]
+        n = min(n, seq.num_uncomputed)
+        if not self.cache.allocate(seq, n):
+            self.running.remove(seq)  # preempted: recomputed later from its (possibly cached) prefix
+            self.cache.release(seq, commit=False)
+            seq.num_computed_tokens = 0
+            self.waiting.insert(0, seq)
+            return
+        exports = self.cache.exports(seq, n)
+        start = seq.num_computed_tokens
+        for count, slot in exports:
+            self.cache.commit_export(seq, start + count, slot)
+            if self.cache.enabled:
+                self.committed.add(tuple(seq.token_ids[: start + count]))
+        seq.num_computed_tokens += n
+        if seq.num_computed_tokens == len(seq.token_ids):
+            seq.token_ids.append(token)  # sampled
+
+    @precondition(lambda self: self.running)
+    @rule(i=st.integers(0, 5), commit=st.booleans())
+    def finish(self, i, commit):
+        seq = self.running.pop(i % len(self.running))
+        depth = seq.num_computed_tokens
+        if commit and depth and self.cache.enabled and self.cache.policy.frontier:
+            self.committed.add(tuple(seq.token_ids[:depth]))
+        self.cache.release(seq, commit=commit)
+        if commit and depth:
+            self.contexts.append(seq.token_ids[:depth])
+
+    @rule(blocks=st.integers(1, 28))
+    def pressure(self, blocks):
+        """A burst that wants many blocks: evicts cache units, never running sequences' blocks."""
+        hog = self._seq([0] * (blocks * BLOCK))
+        if self.cache.admit(hog):
+            hog.num_computed_tokens = 0
+            hog.block_table, keep = [], list(hog.block_table)
+            self.cache.block_pool.free(keep)
+            if self.cache.allocate(hog, blocks * BLOCK):
+                assert len(hog.block_table) == blocks
+            self.cache.release(hog, commit=False)
+
+    @rule(dt=st.floats(0.1, 5.0))
+    def time_passes(self, dt):
+        self.now += dt
+
+    @invariant()
+    def integrity(self):
+        self.cache.check_integrity(self.running)
+        for seq in self.running:
+            assert len(seq.block_table) * BLOCK >= seq.num_computed_tokens
+
+
+def _case(name: str):
+    machine = type(f"Machine_{name}", (CacheMachine,), {"policy_name": name})
+    case = machine.TestCase
+    case.settings = settings(max_examples=60, stateful_step_count=40, deadline=None,
+                             suppress_health_check=[HealthCheck.too_slow])
+    return case
+
+
+TestFlashstate = _case("flashstate")
+TestFlashstateLRU = _case("flashstate-lru")
+TestVllm = _case("vllm")
+TestSglang = _case("sglang")
+TestNone = _case("none")
+
+
+def test_the_machine_reaches_hits_evictions_and_refusals():
+    """Guard against a vacuous machine: a seeded run of the flashstate machine must see hits, evictions
+    of both kinds and exports."""
+    from hypothesis.stateful import run_state_machine_as_test
+
+    totals = {"hits": 0, "kv": 0, "state": 0, "exports": 0}
+
+    class Probe(CacheMachine):
+        policy_name = "flashstate"
+
+        def teardown(self):
+            s = self.cache.stats
+            totals["hits"] += s.hits
+            totals["kv"] += s.evictions["capacity_kv"]
+            totals["state"] += s.evictions["capacity_state"] + s.admissions_refused
+            totals["exports"] += sum(1 for n in self.cache.tree.nodes() if n.slot is not None and not n.frontier)
+
+    run_state_machine_as_test(
+        Probe, settings=settings(max_examples=40, stateful_step_count=60, deadline=None, database=None,
+                                 suppress_health_check=[HealthCheck.too_slow])
+    )
+    assert all(v > 0 for v in totals.values()), totals
