@@ -131,7 +131,16 @@ class Tokenizer:
             return _compile(self.chat_template).render(**context)
         except ChatTemplateError:
             raise
-        except jinja2.TemplateError as e:
+        except (
+            jinja2.TemplateError,
+            TypeError,
+            ValueError,
+            LookupError,
+            AttributeError,
+            ArithmeticError,
+        ) as e:
+            # A template tripping over the messages it was given (content None concatenated, a missing
+            # key...) is a bad request, not a server fault.
             raise ChatTemplateError(f"chat template failed: {e}") from e
 
     def chat_message_boundaries(

@@ -1,5 +1,7 @@
 """Tokenizer: the embedded default, HF directories, chat templates and message boundaries."""
 
+import functools
+import hashlib
 import json
 
 import pytest
@@ -106,6 +108,16 @@ def test_default_tokenizer_is_deterministic_and_fills_the_vocab():
     assert all(a.id_to_token(i) is not None for i in range(DEFAULT_VOCAB_SIZE))
 
 
+def test_default_tokenizer_content_is_pinned():
+    """Vocabulary and merges are the same on every machine and library version. Changing `_CORPUS` or the
+    merge learner changes this digest (and the default model's cache directory): update it deliberately."""
+    model = json.loads(build_default_tokenizer().to_str())["model"]
+    merges = [m.split(" ") if isinstance(m, str) else list(m) for m in model["merges"]]
+    vocab = sorted(model["vocab"].items(), key=lambda kv: kv[1])
+    digest = hashlib.sha256(json.dumps([vocab, merges], ensure_ascii=False).encode()).hexdigest()
+    assert digest == "45d59304aee3cb2ac66eba33ed71895c96e90e71c601d02f380eb4d554bbac5c"
+
+
 def test_written_directory_loads(tmp_path, tok):
     assert tok.vocab_size == DEFAULT_VOCAB_SIZE
     assert tok.eos_token_ids == (IM_END_ID,)
@@ -137,10 +149,9 @@ def test_round_trip_any_text(text):
     assert tok.decode(tok.encode(text).ids, skip_special_tokens=False) == text
 
 
-def _default_backend(cache=[]):  # noqa: B006 (built once per session)
-    if not cache:
-        cache.append(build_default_tokenizer())
-    return cache[0]
+@functools.cache
+def _default_backend():
+    return build_default_tokenizer()
 
 
 def test_code_compresses(tok):
@@ -266,6 +277,9 @@ def test_template_errors(tok):
         Tokenizer(build_default_tokenizer()).apply_chat_template([{"role": "user", "content": "x"}])
     with pytest.raises(ChatTemplateError, match="tools must be a list"):
         tok.apply_chat_template([{"role": "user", "content": "x"}], tools="read_file")
+    concatenating = _with_template("{{ messages[0].content + '!' }}")
+    with pytest.raises(ChatTemplateError, match="chat template failed"):
+        concatenating.apply_chat_template([{"role": "assistant", "content": None, "tool_calls": [{}]}])
     sandboxed = _with_template("{{ messages.__class__.__mro__ }}")
     with pytest.raises(ChatTemplateError):
         sandboxed.apply_chat_template([{"role": "user", "content": "x"}])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,8 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.sampler = Sampler()
+        # Called with (request ids, logits [B, V]) of every sampling step; tests compare logits with it.
+        self.on_logits: Callable[[list[str], torch.Tensor], None] | None = None
         caches.bind(model)
 
     def build_metadata(self, batch: ScheduledBatch) -> tuple[torch.Tensor, ForwardMetadata]:
@@ -60,6 +63,8 @@ class ModelRunner:
             last = meta.cu_seqlens[1:][torch.tensor(rows, device=self.device)] - 1
             logits = self.model.compute_logits(hidden[last]).float()
             seqs = [batch.seqs[i] for i in rows]
+            if self.on_logits is not None:
+                self.on_logits([s.request_id for s in seqs], logits)
             sampling = SamplingBatch.build([(s.params, s.generator) for s in seqs], device=self.device)
             sampled = self.sampler(logits, sampling)
             for i, t, lp in zip(rows, sampled.token_ids.tolist(), sampled.logprobs.tolist(), strict=True):

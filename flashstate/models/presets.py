@@ -1,7 +1,7 @@
 """Named model presets: HF `config.json` dicts, and random-weight model directories made from them.
 
     preset            family       dtype  layout                                params: total / w/o embeddings
-    tiny              Qwen3-Next   fp32   8 layers, attention at 3, 7, dense    2.24M / 1.72M   (the default)
+    tiny              Qwen3-Next   fp32   4 layers, attention at 3, dense       1.38M / 0.86M   (the default)
     tiny-nemotron-h   Nemotron-H   fp32   "M-M-M*-M": 4 Mamba2, 1 attn, 3 MLP   1.44M / 0.92M
     tiny-kimi-linear  Kimi-Linear  fp32   8 layers, MLA at 3, 7, MoE 8 × top-2  2.87M / 2.35M
     qwen3-next-2b     Qwen3-Next   bf16   24 layers, 6 attention, dense         2.223B / 1.601B
@@ -45,6 +45,7 @@ from flashstate.tokenizer import (
 
 DEFAULT_PRESET = "tiny"
 _FORMAT_VERSION = 1  # bump when materialize() writes different files for the same config and seed
+_INIT_STD = 0.02
 _SPECIAL_IDS = {"eos_token_id": IM_END_ID, "pad_token_id": ENDOFTEXT_ID, "bos_token_id": None}
 
 
@@ -72,7 +73,7 @@ def _qwen3_next(**kw: Any) -> dict:
         "mlp_only_layers": [],
         "norm_topk_prob": True,
         "tie_word_embeddings": False,
-        "initializer_range": 0.02,
+        "initializer_range": _INIT_STD,
         **_SPECIAL_IDS,
     }
     return {**cfg, **kw}
@@ -101,8 +102,8 @@ def _nemotron_h(pattern: str, **kw: Any) -> dict:
         "n_routed_experts": 0,
         "n_shared_experts": 0,
         "tie_word_embeddings": False,
-        "rescale_prenorm_residual": False,  # our init is plain normal(0, 0.02), see `generic_init`
-        "initializer_range": 0.02,
+        "rescale_prenorm_residual": False,  # our init is plain normal(0, 0.02), see `init_tensor`
+        "initializer_range": _INIT_STD,
         **_SPECIAL_IDS,
     }
     cfg.update(kw)
@@ -134,7 +135,7 @@ def _kimi_linear(**kw: Any) -> dict:
         "topk_group": 1,
         "rope_theta": 10000.0,
         "tie_word_embeddings": False,
-        "initializer_range": 0.02,
+        "initializer_range": _INIT_STD,
         **_SPECIAL_IDS,
     }
     cfg.update(kw)
@@ -146,9 +147,10 @@ def _kimi_linear(**kw: Any) -> dict:
 _TINY = {"vocab_size": DEFAULT_VOCAB_SIZE, "hidden_size": 128, "dtype": "float32"}
 
 PRESETS: dict[str, dict] = {
+    # The same shapes as benchmarks/vllm_reference (the checkpoint real vLLM serves in the comparisons).
     "tiny": _qwen3_next(
         **_TINY,
-        num_hidden_layers=8,
+        num_hidden_layers=4,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=32,
@@ -322,9 +324,14 @@ def _moe_params(spec: ModelSpec) -> int:
     e, h = spec.moe, spec.hidden_size
     if e is None:
         return 0
-    experts = e.num_experts * _ffn(h, e.intermediate_size, e.act)
-    shared = _ffn(h, e.shared_intermediate_size, e.act) if e.shared_intermediate_size else 0
-    return e.num_experts * h + experts + shared + (h if e.shared_expert_gate else 0)
+    bias = (
+        spec.mlp.bias if spec.mlp is not None else False
+    )  # Nemotron-H: shared expert and latent projections
+    width = e.latent_size or h  # Nemotron-H latent MoE: routed experts run at `latent_size`
+    experts = e.num_experts * _ffn(width, e.intermediate_size, e.act)
+    latent = 2 * h * e.latent_size + (e.latent_size + h if bias else 0) if e.latent_size else 0
+    shared = _ffn(h, e.shared_intermediate_size, e.act, bias) if e.shared_intermediate_size else 0
+    return e.num_experts * h + experts + latent + shared + (h if e.shared_expert_gate else 0)
 
 
 # --- random weights and model directories ----------------------------------------------------------------
@@ -369,7 +376,7 @@ def init_tensor(
     *bias           0 (router correction biases included)
     *norm*.weight   1, or 0 for Qwen3-Next's zero-centred RMSNorms (`x̂ · (1 + w)`: all its norms
                     but the Gated DeltaNet output norm)
-    anything else   normal(0, initializer_range)
+    anything else   normal(0, 0.02) (every preset's `initializer_range`)
     """
     parts = name.split(".")
     leaf, module = parts[-1], parts[-2] if len(parts) > 1 else ""
@@ -396,8 +403,7 @@ def init_tensor(
             "linear_attn.norm.weight"
         )
         return torch.zeros(shape) if zero_centred else torch.ones(shape)
-    std = float(spec.extra.get("initializer_range", 0.02)) if spec.extra else 0.02
-    return torch.randn(shape, generator=generator) * std
+    return torch.randn(shape, generator=generator) * _INIT_STD
 
 
 def materialize(name: str, directory: str | Path, seed: int = 0) -> Path:

@@ -1,0 +1,227 @@
+"""Command-line flags → EngineConfig. Each flag's `dest` is the EngineConfig field it sets, so a flag lands
+in the config exactly once (`config_from_args`). Names follow `vllm serve` where the meaning is the same;
+sizes accept vLLM's human-readable forms (`32k` = 32000, `32K` = 32768, `1.5G`, `8Gi`)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+
+from flashstate.config import CACHE_POLICIES, EVICTIONS, EngineConfig
+
+_DTYPE_ALIASES = {"half": "float16", "float": "float32"}
+_DECIMAL = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]?)(i?)[bB]?\s*$")
+
+
+def human_readable_int(value: str) -> int:
+    """'2048' → 2048, '32k' → 32000, '32K' or '32Ki' → 32768, '1.5G' → 1610612736 (vLLM's convention:
+    lower case is decimal, upper case or an `i` is binary)."""
+    m = _SIZE.match(value)
+    if m is None:
+        raise argparse.ArgumentTypeError(f"not an integer size: {value!r}")
+    number, unit, binary = m.groups()
+    scale = _BINARY[unit.upper()] if (unit.isupper() or binary) and unit else _DECIMAL[unit.lower()]
+    result = float(number) * scale
+    if result != int(result):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number")
+    return int(result)
+
+
+def _dtype(value: str) -> str:
+    return _DTYPE_ALIASES.get(value, value)
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """Model, memory and batching flags (every subcommand that runs the engine)."""
+    d = EngineConfig()
+    g = p.add_argument_group("engine")
+    g.add_argument(
+        "--model", default=None, help="HF-format model directory (default: the embedded tiny model)"
+    )
+    g.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model directory)")
+    g.add_argument(
+        "--dtype",
+        type=_dtype,
+        default=d.dtype,
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="weight and activation dtype (auto: the checkpoint's; half and float are accepted aliases)",
+    )
+    g.add_argument("--device", default=d.device, help="auto, cpu or cuda[:N] (auto: cuda when present)")
+    g.add_argument("--seed", type=int, default=d.seed, help="global random seed")
+    g.add_argument(
+        "--max-model-len",
+        type=human_readable_int,
+        default=None,
+        help="longest prompt + output in tokens (default: the model's max_position_embeddings)",
+    )
+    g.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="most requests running at once")
+    g.add_argument(
+        "--max-num-batched-tokens",
+        type=human_readable_int,
+        default=d.max_num_batched_tokens,
+        help="token budget of one step (prefill chunks + decodes)",
+    )
+    g.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
+    g.add_argument(
+        "--kv-cache-memory-bytes",
+        type=human_readable_int,
+        default=None,
+        help="bytes for KV blocks + state slots (default: from --gpu-memory-utilization on GPU, "
+        "--cpu-cache-memory-bytes on CPU)",
+    )
+    g.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=d.gpu_memory_utilization,
+        help="fraction of GPU memory the engine may use",
+    )
+    g.add_argument(
+        "--cpu-cache-memory-bytes",
+        type=human_readable_int,
+        default=d.cpu_cache_memory_bytes,
+        help="cache budget on CPU when --kv-cache-memory-bytes is unset",
+    )
+    g.add_argument(
+        "--state-cache-fraction",
+        type=float,
+        default=d.state_cache_fraction,
+        help="share of the cache budget for checkpoint slots when prefix caching is on",
+    )
+    g.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=int,
+        default=d.tensor_parallel_size,
+        help="GPUs to shard the model over (only 1 is supported for now)",
+    )
+
+
+def add_cache_args(p: argparse.ArgumentParser) -> None:
+    """Prefix cache and host tier flags (DESIGN.md §2–3)."""
+    d = EngineConfig()
+    g = p.add_argument_group("prefix cache")
+    g.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=d.enable_prefix_caching,
+        help="reuse the hybrid state of earlier prompts' prefixes",
+    )
+    g.add_argument(
+        "--cache-policy",
+        choices=CACHE_POLICIES,
+        default=d.cache_policy,
+        help="admission + eviction behaviour: flashstate (this project), vllm (align-mode blocks, LRU), "
+        "sglang (MambaRadixCache), none",
+    )
+    g.add_argument(
+        "--mamba-frontier-checkpoint",
+        action=argparse.BooleanOptionalAction,
+        default=d.mamba_frontier_checkpoint,
+        help="checkpoint the hybrid state at each finished request's end",
+    )
+    g.add_argument(
+        "--mamba-prefill-export",
+        action=argparse.BooleanOptionalAction,
+        default=d.mamba_prefill_export,
+        help="export planned checkpoints (message ends, branch points) from inside prefill chunks",
+    )
+    g.add_argument(
+        "--prefix-cache-eviction",
+        choices=EVICTIONS,
+        default=d.prefix_cache_eviction,
+        help="eviction order: gds (prefill seconds saved per byte) or lru (default: the policy's own)",
+    )
+    g.add_argument(
+        "--prefill-cost-coefficients",
+        type=float,
+        nargs=2,
+        metavar=("A", "B"),
+        default=d.prefill_cost_coefficients,
+        help="prefill cost C(n) = A·n + B·n² seconds (default: calibrated on this hardware and model)",
+    )
+    g.add_argument(
+        "--calibration-cache-dir",
+        default=d.calibration_cache_dir,
+        help="where calibrated coefficients are cached (default: ~/.cache/flashstate/calibration)",
+    )
+    g.add_argument(
+        "--prefix-cache-leaf-last",
+        action=argparse.BooleanOptionalAction,
+        default=d.prefix_cache_leaf_last,
+        help="evict the frontiers of recently active sessions last",
+    )
+    g.add_argument(
+        "--prefix-cache-leaf-idle-seconds",
+        type=float,
+        default=d.prefix_cache_leaf_idle_seconds,
+        help="a session frontier idle longer than this loses its protection",
+    )
+    g.add_argument(
+        "--mamba-block-size",
+        type=int,
+        default=d.mamba_block_size,
+        help="vllm policy: checkpoint block in tokens (default: derived as vLLM's align mode does)",
+    )
+    h = p.add_argument_group("host tier")
+    h.add_argument(
+        "--host-cache",
+        choices=["memory", "mooncake"],
+        default=d.host_cache,
+        help="write finished hybrid states back to host memory: memory (embedded store) or mooncake "
+        "(a Mooncake store; see --mooncake-master); default off",
+    )
+    h.add_argument(
+        "--host-cache-bytes",
+        type=human_readable_int,
+        default=d.host_cache_bytes,
+        help="host tier capacity in bytes (default: the backend's)",
+    )
+    h.add_argument(
+        "--mooncake-master",
+        default=d.mooncake_master,
+        metavar="HOST:PORT",
+        help="address of a running mooncake_master (with --host-cache mooncake)",
+    )
+
+
+def add_server_args(p: argparse.ArgumentParser) -> None:
+    d = EngineConfig()
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default=d.host, help="address to bind")
+    g.add_argument("--port", type=int, default=d.port, help="port to bind")
+    g.add_argument(
+        "--served-model-name",
+        default=d.served_model_name,
+        help="model name in the API (default: the --model path, or flashstate-tiny for the default)",
+    )
+    g.add_argument(
+        "--api-key",
+        default=d.api_key,
+        help="require 'Authorization: Bearer KEY' on /v1/* (default: the FLASHSTATE_API_KEY or "
+        "VLLM_API_KEY environment variable, else no key)",
+    )
+    g.add_argument(
+        "--max-waiting-requests",
+        type=int,
+        default=d.max_waiting_requests,
+        help="requests queued beyond this get 503",
+    )
+    g.add_argument(
+        "--max-request-body-bytes",
+        type=human_readable_int,
+        default=d.max_request_body_bytes,
+        help="larger request bodies get 413",
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> EngineConfig:
+    """Every parsed flag whose dest names an EngineConfig field; raises ValueError for a bad value."""
+    values = {
+        f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig) if hasattr(args, f.name)
+    }
+    if values.get("prefill_cost_coefficients") is not None:
+        values["prefill_cost_coefficients"] = tuple(values["prefill_cost_coefficients"])
+    return EngineConfig(**values)

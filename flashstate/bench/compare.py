@@ -1,0 +1,128 @@
+"""`flashstate bench compare`: the same workload against one fresh server per cache policy, one after
+another (same model, budget and seed), then one side-by-side report.
+
+Each server is `python -m flashstate.cli serve --host 127.0.0.1 --port <free> --cache-policy P <serve
+args>`, its log in `<out>/server-<P>.log`; it is stopped (SIGTERM, then SIGKILL) before the next starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from flashstate.bench.cost import Prices
+from flashstate.bench.replay import ReplayConfig, replay
+from flashstate.bench.report import build_result
+from flashstate.bench.workloads import Session
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSpec:
+    serve_args: tuple[str, ...] = ()  # passed to the server as given
+    startup_timeout_s: float = 600.0
+    python: str = sys.executable
+    entry: tuple[str, ...] = ("-m", "flashstate.cli", "serve")  # what runs after `python`
+
+    def command(self, policy: str, port: int) -> list[str]:
+        return [
+            self.python,
+            *self.entry,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--cache-policy",
+            policy,
+            *self.serve_args,
+        ]
+
+
+def wait_ready(
+    base_url: str, timeout_s: float, proc: subprocess.Popen | None = None, log: Path | None = None
+) -> None:
+    """Poll GET /health until 200; ServerError if the process exits or the time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text()[-2000:] if log is not None and log.exists() else ""
+            raise ServerError(f"server exited with status {proc.returncode} before it was ready:\n{tail}")
+        try:
+            if httpx.get(f"{base_url}/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    raise ServerError(f"server at {base_url} not ready after {timeout_s:.0f} s")
+
+
+@contextlib.contextmanager
+def server_process(spec: ServerSpec, policy: str, log: Path) -> Iterator[tuple[str, list[str]]]:
+    """A running server for `policy`: yields (base_url, command); stops it on exit."""
+    port = free_port()
+    cmd = spec.command(policy, port)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            base_url = f"http://127.0.0.1:{port}"
+            wait_ready(base_url, spec.startup_timeout_s, proc, log)
+            yield base_url, cmd
+        finally:
+            _stop(proc)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)  # the server's own process group (start_new_session)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+def run_compare(
+    policies: list[str],
+    config: ReplayConfig,
+    workload: Callable[[], list[Session] | Iterator[Session]],
+    workload_info: dict[str, Any],
+    scale: dict[str, Any],
+    prices: Prices,
+    spec: ServerSpec,
+    out_dir: Path,
+    log: Callable[[str], None] = print,
+) -> dict[str, dict[str, Any]]:
+    """One result per policy, in order; `workload()` must give the same sessions on every call."""
+    results = {}
+    for policy in policies:
+        log(f"== {policy}: starting the server")
+        with server_process(spec, policy, out_dir / f"server-{policy}.log") as (base_url, cmd):
+            log(f"== {policy}: replaying on {base_url}")
+            run = replay(replace(config, base_url=base_url), workload())
+        server = {"command": cmd, "cache_policy": policy}
+        results[policy] = build_result(run, policy, workload_info, scale, prices, server)
+    return results

@@ -1,0 +1,372 @@
+"""The replay client: N agent lanes against one OpenAI-compatible server (asyncio + httpx, streaming).
+
+A lane draws a session, replays it turn by turn, and draws the next when it ends (closed loop):
+
+    lane:  think → request 0 → [sub-agents ∥] → think → request 1 → ... → next session
+                              └ each sub-agent: its own turns, joined before request 1
+
+A request is sent `think_time · time_scale` (capped by `max_think_s`) after the previous one finished and
+its sub-agents joined; `max_tokens` is the recorded `out` (scaled) with `ignore_eos`. The agent's context
+grows as `prompts.PromptBuilder` says; the output stays in it when the server echoes its token ids (chat
+mode: always, as text). A prompt that would not fit `max_context` ends its session (`truncated`).
+
+The run: lanes start staggered over `ramp_s`, warm up for `warmup_s`, then `duration_s` are measured. It
+stops sending at the window's end, after `max_requests` sends, or when `max_sessions` sessions have
+finished — whichever comes first; requests in flight then get `drain_s` to finish (so slow requests are
+measured, not censored), the rest are cancelled and counted as `cut_requests`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+
+from flashstate.bench import client
+from flashstate.bench.metrics import RequestRecord, SessionRecord, parse_prometheus
+from flashstate.bench.progress import Progress
+from flashstate.bench.prompts import (
+    DEFAULT_MAX_TOKEN_ID,
+    BlockTokens,
+    PromptBuilder,
+    Segment,
+    context_len,
+    scaled,
+    to_messages,
+)
+from flashstate.bench.workloads import Session
+
+MODES = ("completions", "chat")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayConfig:
+    base_url: str = "http://127.0.0.1:8000"
+    model: str | None = None  # None: the server's first model
+    mode: str = "completions"  # completions (token-id prompts) | chat
+    agents: int = 4  # concurrent lanes
+    warmup_s: float = 0.0
+    duration_s: float = 60.0  # the measured window
+    ramp_s: float = 0.0  # lane i starts at i · ramp_s / agents
+    max_requests: int = 100_000
+    max_sessions: int | None = None  # top-level sessions to draw; None: as many as the time allows
+    time_scale: float = 1.0  # multiplies think times
+    max_think_s: float | None = None
+    length_scale: float = 1.0  # multiplies token lengths (block sizes, in, out)
+    max_context: int | None = None  # prompt + max_tokens; None: the server's max_model_len
+    max_output_tokens: int | None = None  # caps max_tokens
+    temperature: float = 0.0
+    seed: int = 0  # prompt content and the session draw order
+    max_token_id: int = DEFAULT_MAX_TOKEN_ID
+    request_timeout_s: float = 600.0
+    drain_s: float = 60.0  # after the end, in-flight requests get this long to finish
+    num_gpus: int = 1
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.agents < 1 or self.max_requests < 1:
+            raise ValueError("agents and max_requests must be >= 1")
+        if min(self.warmup_s, self.ramp_s, self.time_scale) < 0 or self.duration_s <= 0:
+            raise ValueError("duration_s must be > 0; warmup_s, ramp_s, time_scale >= 0")
+        if self.length_scale <= 0:
+            raise ValueError(f"length_scale must be > 0, got {self.length_scale}")
+
+
+class SessionSource:
+    """Deterministic draw order: a list is shuffled per pass (a repeated session gets fresh content:
+    its hash scope carries the pass number), an iterator (synthetic) is read as is."""
+
+    def __init__(self, sessions: list[Session] | Iterator[Session], seed: int = 0, limit: int | None = None):
+        self._list = list(sessions) if isinstance(sessions, list) else None
+        self._iter = sessions if self._list is None else None
+        self._rng = random.Random(seed)
+        self._order: list[int] = []
+        self._epoch = -1
+        self.drawn = 0
+        self.limit = limit
+        if self._list is not None and not self._list:
+            raise ValueError("no sessions to replay")
+
+    def draw(self) -> tuple[Session, str, str] | None:
+        """(session, hash scope, draw-unique id), or None when `limit` sessions were drawn."""
+        if self.limit is not None and self.drawn >= self.limit:
+            return None
+        self.drawn += 1
+        if self._list is None:
+            s = next(self._iter)
+            return s, s.scope, s.id
+        if not self._order:
+            self._epoch += 1
+            self._order = list(range(len(self._list)))
+            self._rng.shuffle(self._order)
+            self._order.reverse()
+        s = self._list[self._order.pop()]
+        suffix = f"@{self._epoch}" if self._epoch else ""
+        return s, s.scope + suffix, f"{s.id}#{self.drawn - 1}"
+
+
+def count_requests(session: Session) -> int:
+    return sum(len(s.requests) for _, s in session.walk())
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    config: dict[str, Any]
+    model: str | None
+    max_model_len: int | None
+    max_context: int | None
+    started_at: float  # unix time
+    wall_s: float
+    stopped_s: float  # when sending stopped (the window ends here at the latest)
+    requests: list[RequestRecord] = field(default_factory=list)
+    sessions: list[SessionRecord] = field(default_factory=list)
+    server_before: dict[str, float] | None = None
+    server_after: dict[str, float] | None = None
+    cut_requests: int = 0  # still running after the drain: cancelled, not recorded
+
+
+async def fetch_metrics(http: httpx.AsyncClient, base_url: str) -> dict[str, float] | None:
+    try:
+        resp = await http.get(f"{base_url}/metrics", timeout=10.0)
+    except httpx.HTTPError:
+        return None
+    return parse_prometheus(resp.text) if resp.status_code == 200 else None
+
+
+async def server_model(http: httpx.AsyncClient, base_url: str) -> tuple[str | None, int | None]:
+    """The first served model's id and max_model_len, (None, None) when /v1/models does not answer."""
+    try:
+        resp = await http.get(f"{base_url}/v1/models", timeout=10.0)
+        card = resp.json()["data"][0]
+        return card.get("id"), card.get("max_model_len")
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        return None, None
+
+
+class Replay:
+    def __init__(self, config: ReplayConfig, source: SessionSource):
+        self.config = config
+        self.source = source
+        self._builders: dict[int, PromptBuilder] = {}  # by block size
+        self.requests: list[RequestRecord] = []
+        self.sessions: list[SessionRecord] = []
+        self._sent = 0
+        self._stop = asyncio.Event()
+        self._inflight: set[asyncio.Task] = set()
+        self.cut = 0  # requests still running after the drain time: cancelled, not recorded
+        self._t0 = 0.0
+        self._url = ""
+        self._model: str | None = None
+        self._max_context: int | None = None
+        self._http: httpx.AsyncClient | None = None
+
+    def _builder(self, session: Session) -> PromptBuilder:
+        cfg = self.config
+        b = self._builders.get(session.block_size)
+        if b is None:
+            blocks = BlockTokens(scaled(session.block_size, cfg.length_scale), cfg.seed, cfg.max_token_id)
+            b = self._builders[session.block_size] = PromptBuilder(blocks, cfg.length_scale)
+        return b
+
+    async def _think(self, seconds: float) -> None:
+        wait = seconds * self.config.time_scale
+        if self.config.max_think_s is not None:
+            wait = min(wait, self.config.max_think_s)
+        if wait > 0:
+            await asyncio.sleep(wait)
+
+    async def _send(
+        self, lane: int, sid: str, depth: int, turn: int, context: list[Segment], max_tokens: int, target: int
+    ) -> client.Completion:
+        cfg = self.config
+        if cfg.mode == "chat":
+            body = client.chat_body(self._model, to_messages(context), max_tokens, cfg.temperature)
+            url = f"{cfg.base_url}/v1/chat/completions"
+        else:
+            prompt = [i for s in context for i in s.ids]
+            body = client.completion_body(self._model, prompt, max_tokens, cfg.temperature)
+            url = f"{cfg.base_url}/v1/completions"
+        self._sent += 1
+        if self._sent >= cfg.max_requests:
+            self._stop.set()
+        task = asyncio.create_task(
+            self._request(url, body, (lane, sid, depth, turn), context_len(context), max_tokens, target)
+        )
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+        return await asyncio.shield(task)  # a lane cancelled at the window's end leaves it to drain
+
+    async def _request(
+        self,
+        url: str,
+        body: dict[str, Any],
+        where: tuple[int, str, int, int],
+        sent: int,
+        max_tokens: int,
+        target: int,
+    ) -> client.Completion:
+        cfg = self.config
+        lane, sid, depth, turn = where
+        c = await client.stream(self._http, url, body, cfg.request_timeout_s)
+        done = c.error is None
+        self.requests.append(
+            RequestRecord(
+                lane=lane,
+                session=sid,
+                depth=depth,
+                turn=turn,
+                t_send=c.t_send - self._t0,
+                ttft=None if c.t_first is None else c.t_first - c.t_send,
+                e2e=None if c.t_end is None or not done else c.t_end - c.t_send,
+                prompt_tokens=c.prompt_tokens if c.prompt_tokens is not None else sent,
+                cached_tokens=c.cached_tokens or 0,
+                output_tokens=c.completion_tokens or len(c.token_ids or ()),
+                sent_tokens=sent,
+                target_tokens=target,
+                max_tokens=max_tokens,
+                echoed=done and (cfg.mode == "chat" or c.token_ids is not None),
+                error=c.error,
+            )
+        )
+        return c
+
+    async def _session(
+        self, lane: int, session: Session, scope: str, sid: str, depth: int, rec: SessionRecord
+    ) -> bool:
+        """Replay one session (and its sub-agents); False if a request failed."""
+        cfg = self.config
+        builder = self._builder(session)
+        pending = [asyncio.create_task(self._sub(lane, s, scope, sid, depth, rec)) for s in session.subagents]
+        context: list[Segment] = []
+        prev = None
+        try:
+            for k, req in enumerate(session.requests):
+                if pending:
+                    joined = await asyncio.gather(*pending)
+                    pending = []
+                    if not all(joined):
+                        return False
+                await self._think(req.think_time)
+                context, _ = builder.next_context(context, scope, prev, req)
+                max_tokens = builder.output_len(req)
+                if cfg.max_output_tokens is not None:
+                    max_tokens = min(max_tokens, cfg.max_output_tokens)
+                if self._max_context is not None and context_len(context) + max_tokens > self._max_context:
+                    rec.truncated = True
+                    break
+                if self._stop.is_set():
+                    return False
+                c = await self._send(lane, sid, depth, k, context, max_tokens, builder.input_len(req))
+                if c.error is not None:
+                    rec.failed = True
+                    return False
+                rec.done += 1
+                if cfg.mode == "chat":
+                    context.append(Segment("assistant", [0] * c.completion_tokens, c.text))
+                elif c.token_ids is not None:
+                    context.append(Segment("assistant", list(c.token_ids)))
+                pending = [
+                    asyncio.create_task(self._sub(lane, s, scope, sid, depth, rec)) for s in req.subagents
+                ]
+                prev = req
+            return all(await asyncio.gather(*pending)) if pending else True
+        finally:
+            for t in pending:
+                t.cancel()
+
+    async def _sub(
+        self, lane: int, sub: Session, scope: str, parent: str, depth: int, rec: SessionRecord
+    ) -> bool:
+        return await self._session(lane, sub, scope, f"{parent}/{sub.id.rsplit('/', 1)[-1]}", depth + 1, rec)
+
+    async def _lane(self, lane: int) -> None:
+        await asyncio.sleep(lane * self.config.ramp_s / self.config.agents)
+        while not self._stop.is_set():
+            drawn = self.source.draw()
+            if drawn is None:
+                return
+            session, scope, sid = drawn
+            rec = SessionRecord(lane, sid, count_requests(session), time.perf_counter() - self._t0)
+            self.sessions.append(rec)
+            if await self._session(lane, session, scope, sid, 0, rec):
+                rec.t_end = time.perf_counter() - self._t0
+
+    async def _watch(self, progress: Progress) -> None:
+        while True:
+            ok = [r for r in self.requests if r.error is None]
+            prompt = sum(r.prompt_tokens for r in ok)
+            progress.update(
+                time.perf_counter() - self._t0,
+                requests=len(self.requests),
+                active=sum(s.t_end is None and not s.failed for s in self.sessions),
+                completed=sum(s.complete for s in self.sessions),
+                errors=len(self.requests) - len(ok),
+                hit_rate=sum(r.cached_tokens for r in ok) / prompt if prompt else None,
+            )
+            await asyncio.sleep(0.5)
+
+    async def run(self, http: httpx.AsyncClient | None = None) -> ReplayResult:
+        cfg = self.config
+        own = http is None
+        self._http = http or httpx.AsyncClient(limits=httpx.Limits(max_connections=None))
+        try:
+            model, max_model_len = await server_model(self._http, cfg.base_url)
+            self._model = cfg.model or model
+            self._max_context = cfg.max_context or max_model_len
+            before = await fetch_metrics(self._http, cfg.base_url)
+            started, self._t0 = time.time(), time.perf_counter()
+            total = cfg.warmup_s + cfg.duration_s
+            lanes = [asyncio.create_task(self._lane(i)) for i in range(cfg.agents)]
+            progress = Progress(total, cfg.warmup_s) if cfg.progress else None
+            watch = asyncio.create_task(self._watch(progress)) if progress else None
+            stop = asyncio.create_task(self._stop.wait())
+            all_done = asyncio.gather(*lanes)
+            await asyncio.wait([all_done, stop], timeout=total, return_when=asyncio.FIRST_COMPLETED)
+            self._stop.set()
+            stopped = time.perf_counter() - self._t0
+            for t in [*lanes, stop]:
+                t.cancel()
+            await asyncio.gather(all_done, stop, return_exceptions=True)
+            if self._inflight:  # requests sent before the end finish (their tokens past it are not counted)
+                _, cut = await asyncio.wait(set(self._inflight), timeout=cfg.drain_s)
+                self.cut = len(cut)
+                for t in cut:
+                    t.cancel()
+                await asyncio.gather(*cut, return_exceptions=True)
+            if watch:
+                watch.cancel()
+                await asyncio.gather(watch, return_exceptions=True)
+            if progress:
+                progress.close()
+            wall = time.perf_counter() - self._t0
+            after = await fetch_metrics(self._http, cfg.base_url)
+        finally:
+            if own:
+                await self._http.aclose()
+        return ReplayResult(
+            config=asdict(cfg),
+            model=self._model,
+            max_model_len=max_model_len,
+            max_context=self._max_context,
+            started_at=started,
+            wall_s=wall,
+            stopped_s=stopped,
+            requests=self.requests,
+            sessions=self.sessions,
+            server_before=before,
+            server_after=after,
+            cut_requests=self.cut,
+        )
+
+
+def replay(config: ReplayConfig, sessions: list[Session] | Iterator[Session]) -> ReplayResult:
+    """Run a replay to the end (blocking)."""
+    source = SessionSource(sessions, config.seed, config.max_sessions)
+    return asyncio.run(Replay(config, source).run())

@@ -1,0 +1,1 @@
+"""OpenAI-compatible HTTP server: `flashstate serve` (app.py is the map)."""

@@ -1,0 +1,149 @@
+"""The OpenAI-compatible app and `serve(config)`.
+
+    GET  /health               200 while the engine loop runs, 503 after it died
+    GET  /version              {"version": ...}
+    GET  /metrics              Prometheus text format (server/metrics.py)
+    GET  /v1/models            the one served model
+    POST /v1/completions       server/serving_completion.py
+    POST /v1/chat/completions  server/serving_chat.py
+With an API key set, /v1/* need `Authorization: Bearer <key>` (401 otherwise); the rest stay open, as in
+vLLM. Request bodies are read here: over `max_request_body_bytes` → 413; not JSON, not UTF-8, wrong
+types → 400, all as OpenAI-style error JSON (server/errors.py).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from http import HTTPStatus
+from typing import TypeVar
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ValidationError
+
+from flashstate import __version__
+from flashstate.config import EngineConfig
+from flashstate.engine.async_engine import AsyncEngine
+from flashstate.server.errors import APIError, from_validation_error, install_handlers
+from flashstate.server.metrics import ServerMetrics
+from flashstate.server.protocol import ChatCompletionRequest, CompletionRequest, now
+from flashstate.server.serving_chat import OpenAIServingChat
+from flashstate.server.serving_completion import OpenAIServingCompletion
+from flashstate.server.serving_engine import ClientGone
+
+logger = logging.getLogger("flashstate.server")
+M = TypeVar("M", bound=BaseModel)
+DEFAULT_MODEL_NAME = "flashstate-tiny"
+
+
+def served_model_name(config: EngineConfig) -> str:
+    return config.served_model_name or config.model or DEFAULT_MODEL_NAME
+
+
+async def read_body(raw: Request, model: type[M], limit: int) -> M:
+    length = raw.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise _too_large(limit)
+    body = bytearray()
+    async for part in raw.stream():
+        body += part
+        if len(body) > limit:
+            raise _too_large(limit)
+    try:
+        return model.model_validate_json(bytes(body))
+    except ValidationError as e:
+        raise from_validation_error(e) from e
+
+
+def _too_large(limit: int) -> APIError:
+    return APIError(
+        HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+        f"request body over the {limit}-byte limit",
+        code="body_too_large",
+    )
+
+
+def build_app(engine: AsyncEngine, config: EngineConfig) -> FastAPI:
+    name = served_model_name(config)
+    metrics = ServerMetrics(engine, name)
+    completions = OpenAIServingCompletion(engine, config, name, metrics)
+    chat = OpenAIServingChat(engine, config, name, metrics)
+    app = FastAPI(title="flashstate", version=__version__)
+    app.state.engine, app.state.metrics = engine, metrics
+    install_handlers(app)
+
+    @app.exception_handler(ClientGone)
+    async def _client_gone(_: Request, __: ClientGone) -> Response:
+        return Response(status_code=499)  # nobody is listening
+
+    def authorize(raw: Request) -> None:
+        if config.api_key is None:
+            return
+        scheme, _, token = raw.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip(), config.api_key):
+            raise APIError(
+                HTTPStatus.UNAUTHORIZED,
+                "Missing or incorrect API key: send 'Authorization: Bearer <key>'.",
+                code="invalid_api_key",
+            )
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not (completions.healthy and chat.healthy):
+            raise APIError(HTTPStatus.SERVICE_UNAVAILABLE, "the engine loop has died", code="engine_dead")
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": __version__}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models(raw: Request) -> dict:
+        authorize(raw)
+        card = {
+            "id": name,
+            "object": "model",
+            "created": now(),
+            "owned_by": "flashstate",
+            "root": config.model or DEFAULT_MODEL_NAME,
+            "parent": None,
+            "max_model_len": engine.engine.max_model_len,
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/completions")
+    async def create_completion(raw: Request) -> Response:
+        authorize(raw)
+        return await completions.create(
+            await read_body(raw, CompletionRequest, config.max_request_body_bytes), raw
+        )
+
+    @app.post("/v1/chat/completions")
+    async def create_chat_completion(raw: Request) -> Response:
+        authorize(raw)
+        return await chat.create(
+            await read_body(raw, ChatCompletionRequest, config.max_request_body_bytes), raw
+        )
+
+    return app
+
+
+def serve(config: EngineConfig) -> None:
+    """Load the model, start the engine loop, serve until SIGINT/SIGTERM."""
+    engine = AsyncEngine(config)
+    app = build_app(engine, config)
+    logger.info("serving %s on http://%s:%d", served_model_name(config), config.host, config.port)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=config.host, port=config.port, log_level="info", timeout_graceful_shutdown=5)
+    )
+    try:
+        server.run()  # a port already in use: uvicorn logs it and exits with status 1
+    finally:
+        engine.shutdown()

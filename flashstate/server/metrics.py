@@ -1,0 +1,192 @@
+"""Prometheus metrics for /metrics, in a registry of the app's own (several apps can live in one process).
+
+Names that dashboards built for vLLM read (`vllm:`), each labelled `model_name`:
+    vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc     gauges, read at scrape
+    vllm:prefix_cache_queries_total, vllm:prefix_cache_hits_total                      prompt tokens looked up
+                                                                                       / restored (vLLM's
+                                                                                       token-based counters)
+    vllm:prompt_tokens_total, vllm:generation_tokens_total, vllm:request_success_total{finished_reason},
+    vllm:num_preemptions_total
+    vllm:time_to_first_token_seconds, vllm:e2e_request_latency_seconds, vllm:request_queue_time_seconds,
+    vllm:request_prefill_time_seconds, vllm:request_decode_time_seconds,
+    vllm:request_time_per_output_token_seconds, vllm:request_prompt_tokens, vllm:request_generation_tokens
+                                                                                       histograms
+    vllm:cache_config_info                                                             labels only
+Ours (`flashstate:`): prefix-cache requests and request hits, uncached tokens, checkpoints held and their
+bytes, evictions by reason, refused admissions, host-tier hits, the prefill cost coefficients a and b in use
+(`flashstate:prefill_cost_coefficient{term}`), pool sizes and free counts, aborted and rejected requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from flashstate.engine.async_engine import AsyncEngine
+from flashstate.engine.outputs import RequestOutput
+
+_SECONDS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+            20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+_TOKENS = tuple(float(10**e * m) for e in range(7) for m in (1, 2, 5))
+
+
+class ServerMetrics:
+    def __init__(self, engine: AsyncEngine, model_name: str):
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.model_name = model_name
+        r, label = self.registry, ["model_name"]
+
+        def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
+            return Counter(name, doc, [*label, *extra], registry=r)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...] = _SECONDS) -> Histogram:
+            return Histogram(name, doc, label, buckets=buckets, registry=r)
+
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Prefill tokens processed (prompt tokens).")
+        self.generation_tokens = counter("vllm:generation_tokens", "Generation tokens processed.")
+        self.request_success = counter(
+            "vllm:request_success", "Finished requests by finish reason.", ("finished_reason",)
+        )
+        self.preemptions = counter("vllm:num_preemptions", "Preemptions of finished requests.")
+        self.aborted = counter(
+            "flashstate:requests_aborted", "Requests aborted (client gone) before the end."
+        )
+        self.rejected = counter(
+            "flashstate:requests_rejected", "Requests refused before queueing.", ("reason",)
+        )
+        self.ttft = histogram("vllm:time_to_first_token_seconds", "Arrival to first token.")
+        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Arrival to finish.")
+        self.queue = histogram("vllm:request_queue_time_seconds", "Arrival to first scheduled.")
+        self.prefill = histogram("vllm:request_prefill_time_seconds", "Model time on the prompt.")
+        self.decode = histogram("vllm:request_decode_time_seconds", "First token to finish.")
+        self.tpot = histogram("vllm:request_time_per_output_token_seconds", "Mean time per output token.")
+        self.request_prompt = histogram("vllm:request_prompt_tokens", "Prompt tokens per request.", _TOKENS)
+        self.request_generation = histogram(
+            "vllm:request_generation_tokens", "Generated tokens per request.", _TOKENS
+        )
+        r.register(_EngineCollector(engine, model_name))
+
+    def observe(self, out: RequestOutput, first: bool) -> None:
+        """Per output of a request: token counters; at its end the latency histograms."""
+        m = self.model_name
+        if first:
+            self.prompt_tokens.labels(m).inc(len(out.prompt_token_ids))
+        self.generation_tokens.labels(m).inc(len(out.delta_token_ids))
+        if not out.finished or out.finish_reason == "abort":
+            return
+        s = out.stats
+        self.request_success.labels(m, out.finish_reason or "stop").inc()
+        self.preemptions.labels(m).inc(s.num_preemptions)
+        self.request_prompt.labels(m).observe(len(out.prompt_token_ids))
+        self.request_generation.labels(m).observe(len(out.token_ids))
+        self.prefill.labels(m).observe(s.prefill_seconds)
+        if s.ttft is not None:
+            self.ttft.labels(m).observe(s.ttft)
+        if s.first_scheduled_time is not None:
+            self.queue.labels(m).observe(s.first_scheduled_time - s.arrival_time)
+        if s.finished_time is not None:
+            self.e2e.labels(m).observe(s.finished_time - s.arrival_time)
+            if s.first_token_time is not None:
+                decode = s.finished_time - s.first_token_time
+                self.decode.labels(m).observe(decode)
+                if len(out.token_ids) > 1:
+                    self.tpot.labels(m).observe(decode / (len(out.token_ids) - 1))
+
+
+class _EngineCollector(Collector):
+    """Gauges and cache counters read from the engine at scrape time (plain attribute reads and copies
+    of lists and dicts, atomic under the GIL while the engine thread steps)."""
+
+    def __init__(self, engine: AsyncEngine, model_name: str):
+        self.engine = engine
+        self.model_name = model_name
+
+    def collect(self) -> Iterator[Metric]:
+        llm = self.engine.engine
+        cache, config = llm.cache, llm.config
+        blocks, slots, stats = cache.block_pool, cache.state_pool, cache.stats
+        m = [self.model_name]
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc, labels=["model_name"])
+            g.add_metric(m, value)
+            return g
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            c = CounterMetricFamily(name, doc, labels=["model_name"])
+            c.add_metric(m, value)
+            return c
+
+        yield gauge("vllm:num_requests_running", "Requests in the running batch.", len(llm.scheduler.running))
+        yield gauge("vllm:num_requests_waiting", "Requests waiting to run.", len(llm.scheduler.waiting))
+        yield gauge(
+            "vllm:kv_cache_usage_perc",
+            "Fraction of KV blocks not free.",
+            1 - blocks.num_free / blocks.num_blocks,
+        )
+        yield counter(
+            "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", stats.query_tokens
+        )
+        yield counter(
+            "vllm:prefix_cache_hits", "Prompt tokens restored from the prefix cache.", stats.cached_tokens
+        )
+        yield counter(
+            "flashstate:prefix_cache_requests", "Requests looked up in the prefix cache.", stats.queries
+        )
+        yield counter(
+            "flashstate:prefix_cache_request_hits", "Requests that restored a hybrid state.", stats.hits
+        )
+        yield counter(
+            "flashstate:prefix_cache_uncached_tokens", "Prompt tokens prefilled.", stats.uncached_tokens
+        )
+        yield counter(
+            "flashstate:prefix_cache_admissions_refused",
+            "Checkpoints the policy declined to keep.",
+            stats.admissions_refused,
+        )
+        yield counter("flashstate:host_cache_hits", "Restores from the host tier.", stats.host_hits)
+        yield gauge("flashstate:checkpoints", "Checkpoints held.", stats.checkpoints)
+        yield gauge(
+            "flashstate:checkpoint_bytes", "State bytes of the checkpoints held.", stats.checkpoint_bytes
+        )
+        evictions = CounterMetricFamily(
+            "flashstate:prefix_cache_evictions",
+            "Cache units evicted, by reason.",
+            labels=["model_name", "reason"],
+        )
+        for reason, n in dict(stats.evictions).items():
+            evictions.add_metric([*m, reason], n)
+        yield evictions
+        yield gauge("flashstate:kv_blocks_total", "KV blocks in the pool.", blocks.num_blocks)
+        yield gauge("flashstate:kv_blocks_free", "KV blocks free.", blocks.num_free)
+        yield gauge("flashstate:state_slots_total", "State slots in the pool.", slots.num_slots)
+        yield gauge("flashstate:state_slots_free", "State slots free.", slots.num_free)
+        cost = getattr(getattr(cache, "policy", None), "cost", None)
+        if cost is not None:
+            coef = GaugeMetricFamily(
+                "flashstate:prefill_cost_coefficient",
+                "Prefill cost C(n) = a·n + b·n² in use (seconds per token, per token²).",
+                labels=["model_name", "term", "source"],
+            )
+            coef.add_metric([*m, "a", str(cost.source)], cost.a)
+            coef.add_metric([*m, "b", str(cost.source)], cost.b)
+            yield coef
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "Cache configuration (labels).",
+            labels=["model_name", "block_size", "num_gpu_blocks", "enable_prefix_caching", "cache_policy"],
+        )
+        info.add_metric(
+            [
+                *m,
+                str(config.block_size),
+                str(blocks.num_blocks),
+                str(config.prefix_caching),
+                config.cache_policy,
+            ],
+            1,
+        )
+        yield info

@@ -1,0 +1,133 @@
+"""POST /v1/chat/completions: messages (with `tools`, `tool_choice`, assistant `tool_calls` and `tool`
+results) rendered by the model's chat template, then generated like a completion. The token positions
+where each message ends go to the engine as `checkpoint_positions`: where the prefix cache may keep a
+checkpoint, because the agent's next turn re-sends exactly those prefixes.
+
+The reply is the generated text as `content`; tool calls in it are not parsed into `tool_calls` yet."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from flashstate.engine.async_engine import EngineDeadError
+from flashstate.engine.outputs import RequestOutput
+from flashstate.server.errors import bad_request
+from flashstate.server.protocol import ChatCompletionRequest, now, usage
+from flashstate.server.serving_engine import (
+    OpenAIServing,
+    SSEResponse,
+    last_output,
+    new_id,
+    sse,
+    until_disconnect,
+)
+from flashstate.tokenizer import ChatTemplateError
+
+_RESERVED_KWARGS = {"messages", "tools", "add_generation_prompt"}
+
+
+class OpenAIServingChat(OpenAIServing):
+    async def create(self, req: ChatCompletionRequest, raw: Request) -> Response:
+        self.check_model(req.model)
+        params = req.to_sampling_params()
+        prompt, positions = await asyncio.to_thread(self.render, req)
+        request_id, created = new_id("chatcmpl"), now()
+        (first,), (stream,) = await self.generate(raw, [prompt], params, request_id, positions)
+        head = {"id": request_id, "created": created, "model": self.model_name}
+        if req.stream:
+            return SSEResponse(self._stream(req, head, first, stream))
+        out = await until_disconnect(raw, last_output(first, stream))
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": out.text},
+            "logprobs": self._logprobs(out.token_ids, out.logprobs) if req.logprobs else None,
+            "finish_reason": out.finish_reason,
+            "stop_reason": out.stop_reason,
+        }
+        return JSONResponse(
+            {
+                **head,
+                "object": "chat.completion",
+                "choices": [choice],
+                "usage": _usage(out),
+                "system_fingerprint": None,
+            }
+        )
+
+    def render(self, req: ChatCompletionRequest) -> tuple[list[int], list[int]]:
+        """Prompt token ids, and the positions where messages end (Tokenizer.chat_message_boundaries)."""
+        messages = [m.to_template() for m in req.messages]
+        tools = req.template_tools()
+        kwargs = req.template_kwargs()
+        if reserved := _RESERVED_KWARGS & kwargs.keys():
+            raise bad_request(
+                f"chat_template_kwargs may not set {sorted(reserved)}", param="chat_template_kwargs"
+            )
+        try:
+            text = self.tokenizer.apply_chat_template(messages, tools, req.add_generation_prompt, **kwargs)
+            positions = self.tokenizer.chat_message_boundaries(
+                messages, tools, req.add_generation_prompt, **kwargs
+            )
+        except ChatTemplateError as e:
+            raise bad_request(str(e), param="messages") from e
+        return self.tokenizer.encode(text, add_special_tokens=False), positions
+
+    async def _stream(
+        self,
+        req: ChatCompletionRequest,
+        head: dict[str, Any],
+        first: RequestOutput,
+        stream: AsyncIterator[RequestOutput],
+    ) -> AsyncIterator[str]:
+        head = {**head, "object": "chat.completion.chunk"}
+
+        def chunk(delta: dict[str, Any], finish_reason: str | None, out: RequestOutput, logprobs=None) -> str:
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+            body: dict[str, Any] = {**head, "choices": [choice]}
+            if req.include_usage:
+                body["usage"] = _usage(out) if req.continuous_usage else None
+            return sse(body)
+
+        def delta(out: RequestOutput) -> str | None:
+            n = len(out.delta_token_ids)
+            if not (out.delta_text or out.finished or (req.logprobs and n)):
+                return None  # nothing to send yet (e.g. text held back as a possible stop string)
+            logprobs = None
+            if req.logprobs:
+                logprobs = self._logprobs(out.delta_token_ids, (out.logprobs or [])[-n:] if n else [])
+            content = {"content": out.delta_text} if out.delta_text else {}
+            return chunk(content, out.finish_reason if out.finished else None, out, logprobs)
+
+        last = first
+        try:
+            yield chunk({"role": "assistant", "content": ""}, None, first)
+            if (c := delta(first)) is not None:
+                yield c
+            async for out in stream:
+                last = out
+                if (c := delta(out)) is not None:
+                    yield c
+            if req.include_usage:
+                yield sse({**head, "choices": [], "usage": _usage(last)})
+        except EngineDeadError as e:
+            yield self.engine_error_chunk(e)
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined] — a disconnect closes us mid-stream
+        yield sse("[DONE]")
+
+    def _logprobs(self, ids: list[int], logprobs: list[float] | None) -> dict[str, Any]:
+        """Chat logprobs. The engine reports the chosen token's logprob only; `top_logprobs` holds it."""
+        content = []
+        for text, lp in zip(self.token_texts(ids), logprobs or [], strict=False):
+            entry = {"token": text, "logprob": lp, "bytes": list(text.encode())}
+            content.append({**entry, "top_logprobs": [entry]})
+        return {"content": content}
+
+
+def _usage(out: RequestOutput) -> dict[str, Any]:
+    return usage(len(out.prompt_token_ids), len(out.token_ids), out.stats.num_cached_tokens)
