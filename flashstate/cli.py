@@ -30,18 +30,32 @@ def _parser() -> argparse.ArgumentParser:
     add_engine_args(serve)
     add_cache_args(serve)
     add_server_args(serve)
-    demo = sub.add_parser("demo", help="run a few agents' multi-turn sessions on the engine and report")
+    demo = sub.add_parser(
+        "demo",
+        help="replay concurrent agents through the engine under each cache policy, side by side",
+        description="Concurrent coding agents (shared prefix, growing contexts, sub-agent forks) replayed "
+        "offline through the engine once per cache policy, with a cache smaller than their working set.",
+    )
     add_engine_args(demo)
     add_cache_args(demo)
-    demo.add_argument("--agents", type=int, default=4, help="concurrent agent sessions")
-    demo.add_argument("--turns", type=int, default=4, help="turns per session")
-    demo.add_argument("--max-tokens", type=int, default=24, help="output tokens per turn")
+    demo.add_argument("--agents", type=int, default=6, help="agent sessions")
+    demo.add_argument("--turns", type=int, default=5, help="turns per session")
+    demo.add_argument("--max-tokens", type=int, default=16, help="output tokens per turn")
+    demo.add_argument(
+        "--policies", default="flashstate,vllm,sglang,none", help="comma-separated cache policies"
+    )
+    demo.add_argument(
+        "--cache-fraction",
+        type=float,
+        default=0.5,
+        help="cache budget as a fraction of the agents' working set (ignored with --kv-cache-memory-bytes)",
+    )
     _add_bench(sub)
     return parser
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
-    from flashstate.bench.command import add_bench_parser
+    from flashstate.bench.cli_args import add_bench_parser
 
     add_bench_parser(sub)
 
@@ -77,17 +91,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"flashstate: error: {e}", file=sys.stderr)
             return 1
         return 0
-    from flashstate.demo import run_demo
-    from flashstate.llm import LLM
+    from flashstate.demo import format_table, run_demo
 
+    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
     try:
-        llm = LLM(**{k: getattr(config, k) for k in config.__slots__})
+        results = run_demo(config, policies, args.agents, args.turns, args.max_tokens, args.cache_fraction)
     except (ValueError, FileNotFoundError) as e:
         print(f"flashstate: error: {e}", file=sys.stderr)
         return 2
-    report = run_demo(llm, args.agents, args.turns, args.max_tokens, args.seed)
-    for key, value in report.items():
-        print(f"{key:>16}: {value:.4g}" if isinstance(value, float) else f"{key:>16}: {value}")
+    print(format_table(results))
     return 0
 
 

@@ -18,6 +18,13 @@ class LLM:
         self.engine = LLMEngine(EngineConfig(model=model, **engine_args))
         self.tokenizer = self.engine.tokenizer
 
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLM:
+        llm = cls.__new__(cls)
+        llm.engine = LLMEngine(config)
+        llm.tokenizer = llm.engine.tokenizer
+        return llm
+
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt],

@@ -9,7 +9,8 @@ Runs with the separate vLLM venv (see README.md), never with the repo's:
 The workload (see workload.py) is replayed strictly in order, ONE request per `LLM.generate` call, so
 the cache state every request sees is deterministic. Each request is greedy with `ignore_eos` and
 `max_tokens` from the spec; each continuation prompt is built from the previous prompt plus the tokens
-vLLM actually generated (or, with `--reference`, from another result file's outputs).
+vLLM actually generated (its decode KV blocks are cached, so the next turn must carry the engine's own
+output, as in a real conversation).
 
 The output JSON holds, per request: prompt length, sha256 of the prompt token ids, `num_cached_tokens`
 (from `RequestOutput.num_cached_tokens`), the prefix-cache query/hit counter deltas, and the generated
@@ -33,6 +34,63 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from workload import PromptBuilder, load_spec  # noqa: E402
+
+
+class _HashShim:
+    """The attributes of vllm.v1.request.Request that the block hasher reads (plain token prompt)."""
+
+    def __init__(self, tokens: list[int]):
+        self.block_hashes: list = []
+        self.all_token_ids = tokens
+        self.num_tokens = len(tokens)
+        self.mm_features: list = []
+        self.lora_request = None
+        self.cache_salt = None
+        self.prompt_embeds = None
+
+
+class CacheTracer:
+    """In-process view of vLLM's block pool (needs VLLM_ENABLE_V1_MULTIPROCESSING=0).
+
+    `path_map(tokens)` says, for every full block i of `tokens` (tokens [i*B, (i+1)*B)), whether the
+    attention group holds its KV and whether each Mamba group holds the recurrent state at (i+1)*B,
+    as one string per group ('1' cached, '.' not): what a lookup for this prompt can use right now.
+    """
+
+    def __init__(self, llm):
+        core = llm.llm_engine.engine_core.engine_core
+        self.hasher = core.request_block_hasher
+        self.kvm = core.scheduler.kv_cache_manager
+        self.pool = self.kvm.block_pool
+        self.groups = [
+            ("attn" if type(g.kv_cache_spec).__name__ != "MambaSpec" else "mamba", i)
+            for i, g in enumerate(core.scheduler.kv_cache_config.kv_cache_groups)
+        ]
+        self.group_desc = [
+            {"group": i, "kind": type(g.kv_cache_spec).__name__, "layers": list(g.layer_names),
+             "block_size": g.kv_cache_spec.block_size, "page_size_bytes": g.kv_cache_spec.page_size_bytes}
+            for i, g in enumerate(core.scheduler.kv_cache_config.kv_cache_groups)
+        ]
+        self.hash_block_size = self.pool.hash_block_size
+
+    def path_map(self, tokens: list[int]) -> dict[str, str]:
+        hashes = self.hasher(_HashShim(tokens))
+        out = {}
+        for kind, gid in self.groups:
+            out[f"{kind}{gid}"] = "".join(
+                "1" if self.pool.get_cached_block(h, [gid]) else "." for h in hashes
+            )
+        return out
+
+    def pool_stats(self) -> dict:
+        from vllm.v1.core.kv_cache_utils import get_group_id
+
+        per_group: dict[int, int] = {}
+        for key in self.pool.cached_block_hash_to_block._cache:
+            g = get_group_id(key)
+            per_group[g] = per_group.get(g, 0) + 1
+        return {"free_blocks": self.pool.get_num_free_blocks(),
+                "cached_hashes_per_group": [per_group.get(i, 0) for i in range(len(self.groups))]}
 
 
 def prompt_digest(tokens: list[int]) -> str:
@@ -115,18 +173,18 @@ def main() -> None:
     p.add_argument("--max-model-len", type=int, default=6144)
     p.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: vLLM's (4096 on CPU)")
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--reference", type=Path, default=None,
-                   help="build continuation prompts from this result file's outputs instead of our own")
+    p.add_argument("--trace", action="store_true",
+                   help="run the engine core in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) and record, per "
+                        "request, which blocks/states along its prompt were cached before it ran")
     a = p.parse_args()
 
     spec = load_spec(a.workload)
-    ref = None
-    if a.reference is not None:
-        ref = {r["id"]: r["output_token_ids"] for r in json.loads(a.reference.read_text())["requests"]}
-    builder = PromptBuilder(spec, reference_outputs=ref)
+    builder = PromptBuilder(spec)
 
     log_path = a.log or a.out.with_suffix(".log")
     tty = redirect_output(log_path)
+    if a.trace:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
     import vllm
     from vllm import LLM, SamplingParams
@@ -169,11 +227,18 @@ def main() -> None:
           f"config: {cc.block_size}), KV blocks {cc.num_gpu_blocks}, "
           f"KV cache {info.get('kv_cache_size_tokens')} tokens, startup {startup_s:.1f}s", file=tty)
 
+    tracer = CacheTracer(llm) if a.trace else None
+    if tracer is not None:
+        info["kv_cache_groups"] = tracer.group_desc
+        info["hash_block_size"] = tracer.hash_block_size
+        info["initial_pool"] = tracer.pool_stats()
+
     rows = []
     prev = prefix_counters(llm)
     for req in spec["requests"]:
         prompt = builder.build(req)
         sp = SamplingParams(temperature=0.0, max_tokens=req["max_tokens"], ignore_eos=True)
+        before = tracer.path_map(prompt) if tracer is not None else None
         t = time.time()
         out = llm.generate([TokensPrompt(prompt_token_ids=prompt)], sp, use_tqdm=False)[0]
         dt = time.time() - t
@@ -193,8 +258,12 @@ def main() -> None:
             "prefix_cache_queries_delta": dq,
             "prefix_cache_hits_delta": dh,
             "seconds": round(dt, 3),
-            "output_token_ids": gen,
         }
+        if tracer is not None:
+            row["cached_before"] = before
+            row["cached_after"] = tracer.path_map(prompt + gen)
+            row["pool_after"] = tracer.pool_stats()
+        row["output_token_ids"] = gen
         rows.append(row)
         print(f"{req['id']:>6} prompt {len(prompt):5d} cached {row['num_cached_tokens']:5d} "
               f"(counter hits {dh}) {dt:.2f}s  {req['note']}", file=tty)
@@ -210,6 +279,7 @@ def main() -> None:
         "llm_kwargs": kwargs,
         "block_size": block,
         "vllm_config": info,
+        "multiprocess_engine": not a.trace,
         "startup_seconds": round(startup_s, 1),
         "requests": rows,
     }

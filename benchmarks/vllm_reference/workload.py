@@ -21,9 +21,12 @@ has the prompt `base tokens + new`, where BASE is
 Every request is greedy (temperature 0) with `ignore_eos`, so its output has exactly `max_tokens`
 tokens and every prompt's *length* is fixed by the spec (`expected_prompt_len`); only the token
 *contents* of continuations depend on what the model generated. `PromptBuilder` resolves BASEs from the
-outputs the replay actually got (`build(req)` then `record(req_id, prompt, output)`), or, for a
-token-identical replay of another run, from that run's recorded outputs (`PromptBuilder(spec,
-reference_outputs={id: [tokens]})`).
+outputs the replaying engine itself generated (`build(req)` then `record(req_id, prompt, output)`).
+Use the engine's own outputs, never another engine's: vLLM caches the KV blocks of generated tokens,
+so a continuation carrying foreign output tokens would diverge from the engine's cached path inside
+the output, a different cache situation. (Greedy outputs of this random-weight bf16 model are not
+even reproducible run to run on vLLM CPU; the cached-token counts are, because they depend only on
+which prefixes are shared, which the spec fixes.)
 
 The default spec is designed around vLLM's block B (`--block`, 288 for the checkpoint of
 `make_checkpoint.py` on vLLM CPU): 4 agents x 6 interleaved turns (shared 700-token system prompt,
@@ -31,8 +34,8 @@ turns ending mid-block, one agent whose first prompt is exactly 4B, one agent pa
 prefill chunk), plus probes: a 2000-token prompt and a prompt sharing only its first 1500 tokens, a
 prompt sharing exactly its first floor(2000/B)*B tokens, one sharing a few tokens more, a second
 branch off the 1500-token junction, an exact repeat of an earlier prompt (mid-block and block-aligned),
-a fork from an agent's older turn, and a 6000-token prompt with a branch just past the first prefill
-chunk.
+a fork from an agent's older turn, a 6000-token prompt with a branch just past the first prefill
+chunk, and a branch off a turn at a point inside the previous turn's generated tokens.
 """
 
 from __future__ import annotations
@@ -89,6 +92,13 @@ def make_spec(seed: int = 0, block: int = 288, agents: int = 4, turns: int = 6) 
         if t == 3:
             add("l0", None, 6000, 16, "fresh 6000-token prompt (prefilled in chunks)")
             add("l1", {"request": "l0", "take": 4100}, 200, 16, "shares l0's first 4100 tokens")
+        if t == 4 and agents > 2:
+            # a2.t4 continued a2.t3 past the end of a2.t3's prompt, into a2.t3's output: branch there.
+            lens = expected_prompt_lengths({"segments": segments, "requests": reqs})
+            prev = next(q for q in reqs if q["id"] == "a2.t3")
+            k = lens["a2.t3"] + prev["max_tokens"] // 2
+            add("g0", {"request": "a2.t4", "take": k}, 200, 16,
+                f"shares a2.t4's first {k} tokens (inside a2.t3's generated tokens)")
     spec = {
         "format": "flashstate-vllm-reference-workload/1",
         "seed": seed,
@@ -124,11 +134,10 @@ def expected_prompt_lengths(spec: dict[str, Any]) -> dict[str, int]:
 
 
 class PromptBuilder:
-    """Builds each request's prompt from the spec and the outputs seen so far (or reference outputs)."""
+    """Builds each request's prompt from the spec and the outputs this replay has generated so far."""
 
-    def __init__(self, spec: dict[str, Any], reference_outputs: dict[str, list[int]] | None = None):
+    def __init__(self, spec: dict[str, Any]):
         self.spec = spec
-        self.reference = reference_outputs
         self.prompts: dict[str, list[int]] = {}
         self.outputs: dict[str, list[int]] = {}
 
@@ -141,8 +150,7 @@ class PromptBuilder:
         else:
             src = base["request"]
             if base["take"] == "prompt+output":
-                out = self.reference[src] if self.reference is not None else self.outputs[src]
-                head = self.prompts[src] + list(out)
+                head = self.prompts[src] + self.outputs[src]
             elif base["take"] == "prompt":
                 head = list(self.prompts[src])
             else:

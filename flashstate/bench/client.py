@@ -31,7 +31,11 @@ class Completion:
     token_ids: list[int] | None = None
     finish_reason: str | None = None
     error: str | None = None
+    too_long: bool = False  # the server refused the prompt as longer than its context (HTTP 400)
     _ids: list[int] = field(default_factory=list)
+
+
+_TOO_LONG = ("context_length_exceeded", "max_model_len", "maximum context length")
 
 
 def completion_body(
@@ -89,14 +93,19 @@ def _absorb(c: Completion, chunk: dict[str, Any], now: float) -> None:
             c.finish_reason = choice["finish_reason"]
 
 
-async def stream(http: httpx.AsyncClient, url: str, body: dict[str, Any], timeout_s: float) -> Completion:
-    """POST `body` to `url` and read the SSE stream. HTTP and protocol failures land in `error`."""
-    c = Completion(t_send=time.perf_counter())
+async def stream(
+    http: httpx.AsyncClient, url: str, body: dict[str, Any], timeout_s: float, t_send: float | None = None
+) -> Completion:
+    """POST `body` to `url` and read the SSE stream (`t_send`: when the caller sent it, default now).
+    HTTP and protocol failures land in `error`."""
+    c = Completion(t_send=time.perf_counter() if t_send is None else t_send)
     try:
         async with http.stream("POST", url, json=body, timeout=timeout_s) as resp:
             if resp.status_code != 200:
                 detail = (await resp.aread()).decode("utf-8", "replace")[:300]
                 c.error = f"HTTP {resp.status_code}: {detail}"
+                c.too_long = resp.status_code == 400 and any(m in detail for m in _TOO_LONG)
+                c.t_end = time.perf_counter()
                 return c
             async for line in resp.aiter_lines():
                 if not line.startswith("data:"):

@@ -11,7 +11,8 @@
     prefill / decode   uncached tokens / output tokens per minute per GPU
 
 The measured window is [start, end) in seconds since the run began; a request belongs to it by its send
-time. Errors are counted, never measured.
+time. Errors are counted, never measured; a prompt the server refuses as too long (`too_long`) ends its
+session like --max-context does and is not an error.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class RequestRecord:
     max_tokens: int
     echoed: bool  # the output's token ids came back and stay in the agent's context
     error: str | None = None
+    too_long: bool = False  # refused as longer than the server's context: ends its session (truncated)
 
     @property
     def uncached_tokens(self) -> int:
@@ -106,7 +108,8 @@ def summarize(
     return {
         "window_s": end - start,
         "requests": len(ok),
-        "errors": sum(r.error is not None for r in inside),
+        "errors": sum(r.error is not None and not r.too_long for r in inside),
+        "too_long": sum(r.too_long for r in inside),
         "prompt_tokens": prompt,
         "cached_tokens": cached,
         "uncached_tokens": prompt - cached,

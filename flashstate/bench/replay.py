@@ -28,10 +28,10 @@ from typing import Any
 import httpx
 
 from flashstate.bench import client
+from flashstate.bench.config import ReplayConfig
 from flashstate.bench.metrics import RequestRecord, SessionRecord, parse_prometheus
 from flashstate.bench.progress import Progress
 from flashstate.bench.prompts import (
-    DEFAULT_MAX_TOKEN_ID,
     BlockTokens,
     PromptBuilder,
     Segment,
@@ -40,43 +40,6 @@ from flashstate.bench.prompts import (
     to_messages,
 )
 from flashstate.bench.workloads import Session
-
-MODES = ("completions", "chat")
-
-
-@dataclass(frozen=True, slots=True)
-class ReplayConfig:
-    base_url: str = "http://127.0.0.1:8000"
-    model: str | None = None  # None: the server's first model
-    mode: str = "completions"  # completions (token-id prompts) | chat
-    agents: int = 4  # concurrent lanes
-    warmup_s: float = 0.0
-    duration_s: float = 60.0  # the measured window
-    ramp_s: float = 0.0  # lane i starts at i · ramp_s / agents
-    max_requests: int = 100_000
-    max_sessions: int | None = None  # top-level sessions to draw; None: as many as the time allows
-    time_scale: float = 1.0  # multiplies think times
-    max_think_s: float | None = None
-    length_scale: float = 1.0  # multiplies token lengths (block sizes, in, out)
-    max_context: int | None = None  # prompt + max_tokens; None: the server's max_model_len
-    max_output_tokens: int | None = None  # caps max_tokens
-    temperature: float = 0.0
-    seed: int = 0  # prompt content and the session draw order
-    max_token_id: int = DEFAULT_MAX_TOKEN_ID
-    request_timeout_s: float = 600.0
-    drain_s: float = 60.0  # after the end, in-flight requests get this long to finish
-    num_gpus: int = 1
-    progress: bool = True
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if self.agents < 1 or self.max_requests < 1:
-            raise ValueError("agents and max_requests must be >= 1")
-        if min(self.warmup_s, self.ramp_s, self.time_scale) < 0 or self.duration_s <= 0:
-            raise ValueError("duration_s must be > 0; warmup_s, ramp_s, time_scale >= 0")
-        if self.length_scale <= 0:
-            raise ValueError(f"length_scale must be > 0, got {self.length_scale}")
 
 
 class SessionSource:
@@ -101,7 +64,7 @@ class SessionSource:
         self.drawn += 1
         if self._list is None:
             s = next(self._iter)
-            return s, s.scope, s.id
+            return s, s.scope, f"{s.id}#{self.drawn - 1}"
         if not self._order:
             self._epoch += 1
             self._order = list(range(len(self._list)))
@@ -162,9 +125,9 @@ class Replay:
         self._inflight: set[asyncio.Task] = set()
         self.cut = 0  # requests still running after the drain time: cancelled, not recorded
         self._t0 = 0.0
-        self._url = ""
         self._model: str | None = None
         self._max_context: int | None = None
+        self._chat_ratio = 1.0  # chat mode: server prompt tokens per estimated token (words)
         self._http: httpx.AsyncClient | None = None
 
     def _builder(self, session: Session) -> PromptBuilder:
@@ -174,6 +137,13 @@ class Replay:
             blocks = BlockTokens(scaled(session.block_size, cfg.length_scale), cfg.seed, cfg.max_token_id)
             b = self._builders[session.block_size] = PromptBuilder(blocks, cfg.length_scale)
         return b
+
+    def _too_long(self, context: list[Segment], max_tokens: int) -> bool:
+        """Would the prompt + output pass `max_context`? (Chat mode: scaled by the learned token ratio.)"""
+        if self._max_context is None:
+            return False
+        n = context_len(context) * (self._chat_ratio if self.config.mode == "chat" else 1.0)
+        return n + max_tokens > self._max_context
 
     async def _think(self, seconds: float) -> None:
         wait = seconds * self.config.time_scale
@@ -196,9 +166,8 @@ class Replay:
         self._sent += 1
         if self._sent >= cfg.max_requests:
             self._stop.set()
-        task = asyncio.create_task(
-            self._request(url, body, (lane, sid, depth, turn), context_len(context), max_tokens, target)
-        )
+        where = (lane, sid, depth, turn, time.perf_counter())
+        task = asyncio.create_task(self._request(url, body, where, context_len(context), max_tokens, target))
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
         return await asyncio.shield(task)  # a lane cancelled at the window's end leaves it to drain
@@ -207,14 +176,14 @@ class Replay:
         self,
         url: str,
         body: dict[str, Any],
-        where: tuple[int, str, int, int],
+        where: tuple[int, str, int, int, float],
         sent: int,
         max_tokens: int,
         target: int,
     ) -> client.Completion:
         cfg = self.config
-        lane, sid, depth, turn = where
-        c = await client.stream(self._http, url, body, cfg.request_timeout_s)
+        lane, sid, depth, turn, t_send = where
+        c = await client.stream(self._http, url, body, cfg.request_timeout_s, t_send)
         done = c.error is None
         self.requests.append(
             RequestRecord(
@@ -233,6 +202,7 @@ class Replay:
                 max_tokens=max_tokens,
                 echoed=done and (cfg.mode == "chat" or c.token_ids is not None),
                 error=c.error,
+                too_long=c.too_long,
             )
         )
         return c
@@ -258,17 +228,24 @@ class Replay:
                 max_tokens = builder.output_len(req)
                 if cfg.max_output_tokens is not None:
                     max_tokens = min(max_tokens, cfg.max_output_tokens)
-                if self._max_context is not None and context_len(context) + max_tokens > self._max_context:
+                if self._too_long(context, max_tokens):
                     rec.truncated = True
                     break
                 if self._stop.is_set():
                     return False
                 c = await self._send(lane, sid, depth, k, context, max_tokens, builder.input_len(req))
+                if c.too_long:  # the server counts more tokens than we estimated (chat mode)
+                    rec.truncated = True
+                    break
                 if c.error is not None:
                     rec.failed = True
                     return False
                 rec.done += 1
                 if cfg.mode == "chat":
+                    if c.prompt_tokens:  # server tokens per estimated token, learned as we go
+                        self._chat_ratio = max(
+                            self._chat_ratio, c.prompt_tokens / max(1, context_len(context))
+                        )
                     context.append(Segment("assistant", [0] * c.completion_tokens, c.text))
                 elif c.token_ids is not None:
                     context.append(Segment("assistant", list(c.token_ids)))

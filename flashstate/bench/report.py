@@ -207,6 +207,7 @@ def plots(results: dict[str, dict[str, Any]], out_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     out_dir.mkdir(parents=True, exist_ok=True)
     labels = list(results)
@@ -239,6 +240,9 @@ def plots(results: dict[str, dict[str, Any]], out_dir: Path) -> list[Path]:
         if ttft:
             ax.plot(ttft, np.arange(1, len(ttft) + 1) / len(ttft), label=k, drawstyle="steps-post")
     ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("TTFT (s)")
     ax.set_ylabel("fraction of requests")
     ax.grid(alpha=0.3)

@@ -1,133 +1,105 @@
 """Synthetic coding agents whose statistics are fitted to real Claude-Code traces.
 
-`observe(sessions)` measures a trace set (per-turn samples); `fit(sessions)` turns the samples into a
-`SyntheticConfig` (log-normals from median and inter-quartile range, deciles where a log-normal does
-not fit); `generate(config, n, seed)` draws sessions in the AgentX shape (`workloads.Session`).
-`DEFAULT` is `fit()` of the 166 sessions in `shared/traces/claude-code` (tests check it still is).
+`observe(sessions)` measures a trace set (per-session and per-turn samples); `fit(sessions)` turns them
+into a `SyntheticConfig` (empirical quantiles, a correlation); `generate(config, n, seed)` draws sessions
+in the AgentX shape (`workloads.Session`). `DEFAULT` (synthetic_defaults.py) is `fit()` of the 166
+sessions in `shared/traces/claude-code`, and the tests check it still is.
 
-An agent: a prefix shared by every session (tool definitions + system prompt: same hash ids in every
-session), a first context, then turns; a turn re-sends the previous prompt + output plus new tokens
-(tool results), or, with `rewrite_prob`, keeps only part of the context (compaction, edits) and adds
-new tokens after it. Think time follows a tool call (short) or a user turn (long). After a turn, with
-`subagent_prob`, a group of sub-agents (their own shared prefix and shape) runs and joins.
+An agent: a prefix shared by every session (tool definitions + system prompt: the same hash ids in every
+session), a first context, then turns. A turn re-sends the previous prompt and output plus new tokens
+(tool results); with `rewrite_prob` it keeps only part of the context (edits, compaction) and adds new
+tokens after it; past the session's context window (its peak, drawn per session) it compacts down to the
+shared prefix. Think time follows a tool call (short) or a user turn (long). The number of turns and the
+first context are drawn jointly (a Gaussian copula: long sessions start small, as in the traces). After
+a turn, with `subagent_prob`, a group of sub-agents (their own shared prefix and shape) runs and joins.
 """
 
 from __future__ import annotations
 
+import bisect
+import math
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from statistics import NormalDist
 
 import numpy as np
 
 from flashstate.bench.prompts import common_prefix
 from flashstate.bench.workloads import Request, Session
 
-_PROBS = np.linspace(0.0, 100.0, 11)  # deciles, with the minimum and the maximum
+PROBS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)  # quantiles kept per quantity
+_NORMAL = NormalDist()
 
 
 @dataclass(frozen=True, slots=True)
-class Deciles:
-    """An empirical distribution: its values at 0, 10, ..., 100 %; sampling interpolates between them
-    (geometrically where both ends are positive: the traces' quantities are heavy-tailed)."""
+class Quantiles:
+    """An empirical distribution: its values at `PROBS`. Between two points the inverse CDF interpolates
+    geometrically where both are positive (the traces' quantities are heavy-tailed), else linearly."""
 
     points: tuple[float, ...]
 
-    def sample(self, rng: random.Random) -> float:
-        x = rng.random() * (len(self.points) - 1)
-        i = min(int(x), len(self.points) - 2)
-        lo, hi, f = self.points[i], self.points[i + 1], x - i
+    def at(self, u: float) -> float:
+        i = min(max(bisect.bisect_right(PROBS, u) - 1, 0), len(PROBS) - 2)
+        lo, hi = self.points[i], self.points[i + 1]
+        f = (u - PROBS[i]) / (PROBS[i + 1] - PROBS[i])
         return lo * (hi / lo) ** f if lo > 0 and hi > 0 else lo + (hi - lo) * f
 
+    def sample(self, rng: random.Random) -> float:
+        return self.at(rng.random())
+
+    def cdf(self, x: float) -> float:
+        """The inverse of `at` (0 below the minimum, 1 above the maximum)."""
+        pts = self.points
+        if x <= pts[0]:
+            return 0.0
+        if x >= pts[-1]:
+            return 1.0
+        i = bisect.bisect_right(pts, x) - 1
+        lo, hi = pts[i], pts[i + 1]
+        f = math.log(x / lo) / math.log(hi / lo) if lo > 0 and hi > lo else (x - lo) / (hi - lo)
+        return PROBS[i] + f * (PROBS[i + 1] - PROBS[i])
+
+    def mean(self) -> float:
+        total = 0.0
+        for k in range(len(PROBS) - 1):
+            lo, hi, w = self.points[k], self.points[k + 1], PROBS[k + 1] - PROBS[k]
+            geometric = lo > 0 and hi > 0 and lo != hi
+            total += w * ((hi - lo) / math.log(hi / lo) if geometric else (lo + hi) / 2)
+        return total
+
     @classmethod
-    def fit(cls, values: list[float]) -> Deciles:
-        return cls(tuple(round(float(q), 3) for q in np.percentile(np.asarray(values, float), _PROBS)))
+    def fit(cls, values: list[float]) -> Quantiles:
+        q = np.percentile(np.asarray(values, dtype=float), [100 * p for p in PROBS])
+        return cls(tuple(round(float(x), 3) for x in q))
 
 
 @dataclass(frozen=True, slots=True)
 class AgentShape:
     prefix_tokens: int  # shared by all sessions of this kind
-    first_context: Deciles  # first prompt minus the shared prefix
-    turns: Deciles
-    new_tokens: Deciles  # tokens a turn adds after the previous prompt + output
-    output: Deciles
-    think_tool: Deciles  # seconds after a tool call
-    think_user: Deciles  # seconds after a user turn (end_turn, interrupted)
+    first_context: Quantiles  # first prompt minus the shared prefix
+    turns: Quantiles
+    turns_first_rho: float  # correlation of turns and first context (normal scores)
+    new_tokens: Quantiles  # tokens a turn adds after the previous prompt + output
+    output: Quantiles
+    think_tool: Quantiles  # seconds after a tool call
+    think_user: Quantiles  # seconds after a user turn (end_turn, interrupted)
     user_turn_prob: float
     rewrite_prob: float  # a turn keeps only part of the previous prompt
-    rewrite_keep: Deciles  # fraction of the previous prompt kept
-    rewrite_new: Deciles  # tokens after the kept part of a rewrite
-    peak_context: Deciles  # a session's largest prompt + output: its context window; beyond it, compact
+    rewrite_keep: Quantiles  # fraction of the previous prompt kept
+    rewrite_new: Quantiles  # tokens after the kept part of a rewrite
+    peak_context: Quantiles  # a session's largest prompt + output: its context window
     start_delay: float = 0.0  # seconds from launch to the first request (sub-agents)
-
-
-# fit(shared/traces/claude-code), 166 sessions; sub-agent fields with < 4 samples are set by hand (#).
-DEFAULT_MAIN = AgentShape(
-    prefix_tokens=15172,
-    first_context=Deciles(
-        (129.0, 955.0, 3789.0, 6178.5, 29365.0, 54253.0, 80411.0, 98094.5, 124835.0, 246224.0, 837120.0)
-    ),
-    turns=Deciles((3.0, 5.5, 10.0, 16.5, 24.0, 32.5, 40.0, 51.5, 67.0, 89.0, 170.0)),
-    new_tokens=Deciles((1.0, 9.0, 53.0, 131.0, 249.0, 383.0, 612.0, 974.7, 1664.0, 3301.8, 146409.0)),
-    output=Deciles((0.0, 110.0, 136.0, 161.0, 196.0, 240.0, 300.0, 391.0, 538.0, 910.5, 18195.0)),
-    think_tool=Deciles((0.0, 5.0, 6.0, 7.0, 8.0, 9.0, 12.0, 16.0, 23.0, 66.0, 3696.0)),
-    think_user=Deciles((3.0, 22.0, 34.6, 49.0, 73.0, 114.0, 171.0, 264.0, 519.4, 1935.4, 36236.0)),
-    user_turn_prob=0.259,
-    rewrite_prob=0.071,
-    rewrite_keep=Deciles((0.0, 0.104, 0.169, 0.991, 0.998, 0.999, 0.999, 0.999, 0.999, 1.0, 1.0)),
-    rewrite_new=Deciles(
-        (159.0, 328.7, 443.8, 679.2, 912.8, 1357.0, 2343.0, 8522.2, 49608.6, 89567.7, 697351.0)
-    ),
-    peak_context=Deciles(
-        (
-            14383.0,
-            69563.5,
-            101125.0,
-            129530.5,
-            139616.0,
-            145603.0,
-            150283.0,
-            155538.0,
-            221896.0,
-            317181.5,
-            881443.0,
-        )
-    ),
-)
-DEFAULT_SUB = AgentShape(
-    prefix_tokens=8437,
-    first_context=Deciles(
-        (2475.0, 2483.4, 2783.4, 3233.2, 3269.6, 3287.0, 3296.8, 3306.6, 3318.8, 3452.3, 3747.0)
-    ),
-    turns=Deciles((4.0, 4.7, 5.8, 7.0, 7.0, 7.0, 7.8, 10.6, 11.6, 13.5, 17.0)),
-    new_tokens=Deciles(
-        (25.0, 267.6, 688.4, 1292.5, 2274.6, 3001.5, 3452.8, 4916.0, 7100.4, 16540.1, 58728.0)
-    ),
-    output=Deciles((80.0, 132.9, 145.6, 172.7, 187.6, 208.0, 240.4, 292.0, 336.6, 1836.3, 4797.0)),
-    think_tool=Deciles((1.0, 2.0, 3.0, 3.0, 3.0, 4.0, 4.0, 5.0, 6.0, 23.6, 65.0)),
-    think_user=Deciles((1.0, 2.0, 3.0, 3.0, 3.0, 4.0, 4.0, 5.0, 6.0, 23.6, 65.0)),  # (#) = think_tool
-    user_turn_prob=0.0,
-    rewrite_prob=0.032,
-    rewrite_keep=Deciles((0.999,) * 11),  # (#) both observed rewrites kept 99.9 %
-    rewrite_new=Deciles((6861.0,) * 5 + (13304.0,) * 6),  # (#) the two observed values
-    peak_context=Deciles(
-        (53136.0, 60465.7, 67103.4, 72429.6, 73000.8, 76750.0, 80788.0, 82370.0, 88377.6, 93665.4, 97010.0)
-    ),
-    start_delay=0.69,
-)
 
 
 @dataclass(frozen=True, slots=True)
 class SyntheticConfig:
-    main: AgentShape = DEFAULT_MAIN
-    sub: AgentShape = DEFAULT_SUB
-    subagent_prob: float = 0.000724  # a group of sub-agents after a parent turn
-    subagents_per_group: Deciles = Deciles((1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.4, 1.8, 2.2, 2.6, 3.0))
+    main: AgentShape
+    sub: AgentShape
+    subagent_prob: float  # a group of sub-agents after a parent turn
+    subagents_per_group: Quantiles
     block_size: int = 64
     max_input_tokens: int = 1_000_000  # a session ends before a prompt this long
-
-
-DEFAULT = SyntheticConfig()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -136,7 +108,7 @@ DEFAULT = SyntheticConfig()
 
 @dataclass(slots=True)
 class _Ids:
-    next_id: int = 1 << 24  # fresh block ids; shared prefixes use small ids
+    next_id: int = 1 << 24  # fresh block ids; the shared prefixes use small ids
     shared: dict[str, list[int]] = field(default_factory=dict)
 
     def fresh(self, n: int) -> list[int]:
@@ -153,25 +125,25 @@ def _agent(cfg: SyntheticConfig, kind: str, sid: str, rng: random.Random, ids: _
     shape = cfg.main if kind == "main" else cfg.sub
     b = cfg.block_size
     prefix = ids.prefix(kind, shape.prefix_tokens // b)
-    window = max(shape.peak_context.sample(rng), shape.prefix_tokens + 2 * b)
-    first = shape.prefix_tokens + round(shape.first_context.sample(rng))
-    in_len = min(first, round(window) - 1, cfg.max_input_tokens - 1)
+    z_turns, z = rng.gauss(0.0, 1.0), rng.gauss(0.0, 1.0)
+    z_first = shape.turns_first_rho * z_turns + math.sqrt(1 - shape.turns_first_rho**2) * z
+    n_turns = max(1, round(shape.turns.at(_NORMAL.cdf(z_turns))))
+    first = shape.prefix_tokens + round(shape.first_context.at(_NORMAL.cdf(z_first)))
+    u_min = shape.peak_context.cdf(first)  # the window holds the first context: draw it above
+    window = max(shape.peak_context.at(u_min + (1 - u_min) * rng.random()), first + 2 * b)
+    in_len = min(first, cfg.max_input_tokens - 1)
     hashes = prefix + ids.fresh(in_len // b - len(prefix))
-    n_turns = max(1, round(shape.turns.sample(rng)))
     requests: list[Request] = []
     think = shape.start_delay
     for k in range(n_turns):
-        if in_len >= cfg.max_input_tokens:
-            break
         out = max(1, round(shape.output.sample(rng)))
         user_next = rng.random() < shape.user_turn_prob
         subs: tuple[Session, ...] = ()
         if kind == "main" and k < n_turns - 1 and rng.random() < cfg.subagent_prob:
             g = max(1, round(cfg.subagents_per_group.sample(rng)))
             subs = tuple(_agent(cfg, "sub", f"{sid}/sub{k}.{j}", rng, ids) for j in range(g))
-        requests.append(
-            Request(in_len, out, tuple(hashes), think, subs, "end_turn" if user_next else "tool_use")
-        )
+        stop = "end_turn" if user_next else "tool_use"
+        requests.append(Request(in_len, out, tuple(hashes), think, subs, stop))
         think = (shape.think_user if user_next else shape.think_tool).sample(rng)
         grown = in_len + out + round(shape.new_tokens.sample(rng))
         if grown + out > window:  # the context window is full: compact down to the shared prefix
@@ -183,19 +155,19 @@ def _agent(cfg: SyntheticConfig, kind: str, sid: str, rng: random.Random, ids: _
             in_len = min(keep * b + round(shape.rewrite_new.sample(rng)), round(window) - 1)
         else:
             keep, in_len = len(hashes), grown
+        if in_len >= cfg.max_input_tokens:
+            break
         del hashes[keep:]
         hashes.extend(ids.fresh(in_len // b - len(hashes)))
-    return Session(sid, tuple(requests), b, "", (), {"synthetic": kind, "tool_tokens": shape.prefix_tokens})
+    meta = {"synthetic": kind, "tool_tokens": shape.prefix_tokens}
+    return Session(sid, tuple(requests), b, "", (), meta)
 
 
-def generate(config: SyntheticConfig = DEFAULT, n: int = 1, seed: int = 0) -> list[Session]:
-    """`n` sessions; the same (config, n, seed) gives the same sessions."""
-    stream = session_stream(config, seed)
-    return [next(stream) for _ in range(n)]
+def session_stream(config: SyntheticConfig | None = None, seed: int = 0) -> Iterator[Session]:
+    """An endless, deterministic stream of sessions (a closed loop draws from it); None: DEFAULT."""
+    from flashstate.bench.synthetic_defaults import DEFAULT
 
-
-def session_stream(config: SyntheticConfig = DEFAULT, seed: int = 0) -> Iterator[Session]:
-    """An endless, deterministic stream of sessions (a closed loop draws from it)."""
+    config = config or DEFAULT
     rng = random.Random(seed)
     ids = _Ids()
     k = 0
@@ -204,32 +176,24 @@ def session_stream(config: SyntheticConfig = DEFAULT, seed: int = 0) -> Iterator
         k += 1
 
 
+def generate(config: SyntheticConfig | None = None, n: int = 1, seed: int = 0) -> list[Session]:
+    """The first `n` sessions of `session_stream(config, seed)`."""
+    stream = session_stream(config, seed)
+    return [next(stream) for _ in range(n)]
+
+
 # ---------------------------------------------------------------------------------------------------
 # fitting
 
+_KEYS = ("prefix_tokens", "first_context", "turns", "new_tokens", "output", "think_tool", "think_user",
+         "user_turn", "rewrite", "rewrite_keep", "rewrite_new", "start_delay", "subagent_group", "group_size",
+         "peak_context")  # fmt: skip
+
 
 def observe(sessions: list[Session], depth: int = 0) -> dict[str, list[float]]:
-    """Per-turn samples of the sessions at `depth` (0: top-level agents, 1: their sub-agents)."""
-    s: dict[str, list[float]] = {
-        k: []
-        for k in (
-            "prefix_tokens",
-            "first_context",
-            "turns",
-            "new_tokens",
-            "output",
-            "think_tool",
-            "think_user",
-            "user_turn",
-            "rewrite",
-            "rewrite_keep",
-            "rewrite_new",
-            "start_delay",
-            "subagent_group",
-            "group_size",
-            "peak_context",
-        )
-    }
+    """Samples of the sessions at `depth` (0: top-level agents, 1: their sub-agents): per session
+    (prefix, first context, turns, peak, start delay) and per turn (the rest)."""
+    s: dict[str, list[float]] = {k: [] for k in _KEYS}
     for top in sessions:
         for d, sess in top.walk():
             if d != depth:
@@ -249,7 +213,7 @@ def observe(sessions: list[Session], depth: int = 0) -> dict[str, list[float]]:
             for a, b in zip(reqs, reqs[1:], strict=False):
                 user = a.stop != "tool_use"
                 s["user_turn"].append(1.0 if user else 0.0)
-                if not a.subagents:
+                if not a.subagents:  # after sub-agents the recorded wait is the post-join gap
                     s["think_user" if user else "think_tool"].append(b.think_time)
                 c = common_prefix(a.hash_ids, b.hash_ids)
                 if c == len(a.hash_ids):
@@ -262,58 +226,65 @@ def observe(sessions: list[Session], depth: int = 0) -> dict[str, list[float]]:
     return s
 
 
+def _normal_scores(x: list[float]) -> np.ndarray:
+    ranks = np.argsort(np.argsort(x, kind="stable"), kind="stable")
+    return np.array([_NORMAL.inv_cdf((r + 0.5) / len(x)) for r in ranks])
+
+
 def _shape_from(s: dict[str, list[float]], base: AgentShape) -> AgentShape:
-    def dist(key: str) -> Deciles:
-        return Deciles.fit(s[key]) if len(s[key]) >= 4 else getattr(base, key)
+    """Fit what the samples support (at least 4 values); keep `base`'s value elsewhere."""
+
+    def dist(key: str) -> Quantiles:
+        return Quantiles.fit(s[key]) if len(s[key]) >= 4 else getattr(base, key)
 
     def mean(key: str, old: float) -> float:
         return round(float(np.mean(s[key])), 3) if s[key] else old
 
-    return replace(
-        base,
+    rho = base.turns_first_rho
+    if len(s["turns"]) >= 4:
+        scores = np.corrcoef(_normal_scores(s["turns"]), _normal_scores(s["first_context"]))[0, 1]
+        rho = round(float(np.nan_to_num(scores)), 3)
+    dists = ("first_context", "turns", "new_tokens", "output", "think_tool", "think_user", "rewrite_keep",
+             "rewrite_new", "peak_context")  # fmt: skip
+    return AgentShape(
         prefix_tokens=int(np.median(s["prefix_tokens"])) if s["prefix_tokens"] else base.prefix_tokens,
-        **{
-            k: dist(k)
-            for k in (
-                "first_context",
-                "turns",
-                "new_tokens",
-                "output",
-                "think_tool",
-                "think_user",
-                "rewrite_keep",
-                "rewrite_new",
-                "peak_context",
-            )
-        },
+        **{k: dist(k) for k in dists},
+        turns_first_rho=rho,
         user_turn_prob=mean("user_turn", base.user_turn_prob),
         rewrite_prob=mean("rewrite", base.rewrite_prob),
         start_delay=round(float(np.median(s["start_delay"])), 2) if s["start_delay"] else base.start_delay,
     )
 
 
-def fit(sessions: list[Session]) -> SyntheticConfig:
-    """A `SyntheticConfig` matching a trace set's statistics (falls back to `DEFAULT` where it has none)."""
+def fit(sessions: list[Session], base: SyntheticConfig | None = None) -> SyntheticConfig:
+    """A `SyntheticConfig` matching a trace set's statistics (`base`'s values where it has too few
+    samples; default base: DEFAULT)."""
+    from flashstate.bench.synthetic_defaults import DEFAULT
+
+    base = base or DEFAULT
     main, sub = observe(sessions, 0), observe(sessions, 1)
+    main_shape = _shape_from(main, base.main)
     return SyntheticConfig(
-        main=replace(_shape_from(main, DEFAULT_MAIN), start_delay=0.0),
-        sub=_shape_from(sub, DEFAULT_SUB) if sub["turns"] else DEFAULT_SUB,
-        subagent_prob=(
-            round(float(np.mean(main["subagent_group"])), 6) if main["output"] else DEFAULT.subagent_prob
-        ),
+        main=AgentShape(**{**{k: getattr(main_shape, k) for k in main_shape.__slots__}, "start_delay": 0.0}),
+        sub=_shape_from(sub, base.sub),
+        subagent_prob=round(float(np.mean(main["subagent_group"])), 6)
+        if main["output"]
+        else base.subagent_prob,
         subagents_per_group=(
-            Deciles.fit(main["group_size"]) if len(main["group_size"]) >= 4 else DEFAULT.subagents_per_group
+            Quantiles.fit(main["group_size"]) if len(main["group_size"]) >= 4 else base.subagents_per_group
         ),
-        block_size=sessions[0].block_size if sessions else DEFAULT.block_size,
+        block_size=sessions[0].block_size if sessions else base.block_size,
+        max_input_tokens=base.max_input_tokens,
     )
 
 
 def describe(sessions: list[Session], depth: int = 0) -> dict[str, dict[str, float]]:
     """Quantiles (p10/p25/p50/p75/p90/p99, mean, n) of each observed quantity."""
     out = {}
+    ps = (10, 25, 50, 75, 90, 99)
     for key, values in observe(sessions, depth).items():
         if values:
-            q = np.percentile(values, [10, 25, 50, 75, 90, 99])
-            out[key] = {f"p{p}": round(float(v), 3) for p, v in zip((10, 25, 50, 75, 90, 99), q, strict=True)}
+            q = np.percentile(values, ps)
+            out[key] = {f"p{p}": round(float(v), 3) for p, v in zip(ps, q, strict=True)}
             out[key] |= {"mean": round(float(np.mean(values)), 3), "n": len(values)}
     return out

@@ -73,16 +73,17 @@ class CacheManager:
                 self._count_query(seq, 0)
             return True
         match = self.tree.match(seq.token_ids, limit=len(seq.token_ids) - 1)
-        depth = match.depth
-        if depth:
+        self._lock(match.node, +1)  # from here on nothing on the hit path can be evicted
+        if match.depth:
             table = self.tree.block_table(match.node)
-            full = depth // self.block_size
+            full = match.depth // self.block_size
             seq.block_table = table[:full]
             self.block_pool.incref(seq.block_table)
-            copy = self._take_blocks(1) if depth % self.block_size else []
+            copy = self._take_blocks(1) if match.depth % self.block_size else []
             if copy is None:  # no block to copy the partial one into: treat as a miss
                 self.block_pool.free(seq.block_table)
-                seq.block_table, depth = [], 0
+                seq.block_table = []
+                self._lock(match.node, -1)
                 match = self.tree.match([], 0)
             else:
                 for block in copy:
@@ -90,8 +91,7 @@ class CacheManager:
                 seq.block_table.extend(copy)
                 self.state_pool.copy(match.node.slot, slot)
                 self.policy.stamp(match.node, self._clock())
-        seq.num_computed_tokens = depth
-        self._lock(match.node, +1)
+        depth = seq.num_computed_tokens = match.depth
         seq.cache_handle = match.node
         seq.export_plan = self.policy.plan_exports(seq, match)
         if first:
@@ -118,6 +118,15 @@ class CacheManager:
         if blocks is None:
             return False
         seq.block_table.extend(blocks)
+        return True
+
+    def make_room(self, num_blocks: int) -> bool:
+        """Evict cache units until `num_blocks` blocks are free; False if they cannot be."""
+        while self.block_pool.num_free < num_blocks:
+            victim = self._victim(leaves_only=True) if self.enabled else None
+            if victim is None:
+                return False
+            self._evict(victim, "capacity_kv")
         return True
 
     def exports(self, seq: Sequence, num_new_tokens: int) -> list[tuple[int, int]]:
@@ -210,12 +219,7 @@ class CacheManager:
         self._update_gauges()
 
     def _take_blocks(self, n: int) -> list[int] | None:
-        while self.block_pool.num_free < n:
-            victim = self._victim(leaves_only=True) if self.enabled else None
-            if victim is None:
-                return None
-            self._evict(victim, "capacity_kv")
-        return self.block_pool.allocate(n)
+        return self.block_pool.allocate(n) if self.make_room(n) else None
 
     def _take_slot(self) -> int | None:
         while self.state_pool.num_free == 0:

@@ -97,7 +97,12 @@ class Scheduler:
             if not self.cache.admit(seq):
                 break
             n = min(seq.num_uncomputed, budget)
-            if not self.cache.allocate(seq, n):
+            # Admit only what can run to its first token next to everything already running, so long
+            # prompts do not preempt each other in turn (evicting cache units to make the room).
+            room = self._blocks_to_first_token(seq) + sum(
+                self._blocks_to_first_token(s) for s in self.running
+            )
+            if not (self.cache.make_room(room) and self.cache.allocate(seq, n)):
                 self.cache.release(seq, commit=False)
                 seq.num_computed_tokens = 0
                 break
@@ -107,6 +112,10 @@ class Scheduler:
             batch.add(seq, n, self.cache.exports(seq, n))
             budget -= n
         return batch
+
+    def _blocks_to_first_token(self, seq: Sequence) -> int:
+        need = self.cache.block_pool.blocks_for(len(seq.token_ids) + 1) - len(seq.block_table)
+        return max(need, 0)
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

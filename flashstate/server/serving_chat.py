@@ -26,7 +26,7 @@ from flashstate.server.serving_engine import (
     sse,
     until_disconnect,
 )
-from flashstate.tokenizer import ChatTemplateError
+from flashstate.tokenizer import ChatTemplateError, Tokenizer
 
 _RESERVED_KWARGS = {"messages", "tools", "add_generation_prompt"}
 
@@ -35,7 +35,7 @@ class OpenAIServingChat(OpenAIServing):
     async def create(self, req: ChatCompletionRequest, raw: Request) -> Response:
         self.check_model(req.model)
         params = req.to_sampling_params()
-        prompt, positions = await asyncio.to_thread(self.render, req)
+        prompt, positions = await asyncio.to_thread(render_chat, self.tokenizer, req)
         request_id, created = new_id("chatcmpl"), now()
         (first,), (stream,) = await self.generate(raw, [prompt], params, request_id, positions)
         head = {"id": request_id, "created": created, "model": self.model_name}
@@ -58,24 +58,6 @@ class OpenAIServingChat(OpenAIServing):
                 "system_fingerprint": None,
             }
         )
-
-    def render(self, req: ChatCompletionRequest) -> tuple[list[int], list[int]]:
-        """Prompt token ids, and the positions where messages end (Tokenizer.chat_message_boundaries)."""
-        messages = [m.to_template() for m in req.messages]
-        tools = req.template_tools()
-        kwargs = req.template_kwargs()
-        if reserved := _RESERVED_KWARGS & kwargs.keys():
-            raise bad_request(
-                f"chat_template_kwargs may not set {sorted(reserved)}", param="chat_template_kwargs"
-            )
-        try:
-            text = self.tokenizer.apply_chat_template(messages, tools, req.add_generation_prompt, **kwargs)
-            positions = self.tokenizer.chat_message_boundaries(
-                messages, tools, req.add_generation_prompt, **kwargs
-            )
-        except ChatTemplateError as e:
-            raise bad_request(str(e), param="messages") from e
-        return self.tokenizer.encode(text, add_special_tokens=False), positions
 
     async def _stream(
         self,
@@ -127,6 +109,23 @@ class OpenAIServingChat(OpenAIServing):
             entry = {"token": text, "logprob": lp, "bytes": list(text.encode())}
             content.append({**entry, "top_logprobs": [entry]})
         return {"content": content}
+
+
+def render_chat(tokenizer: Tokenizer, req: ChatCompletionRequest) -> tuple[list[int], list[int]]:
+    """Prompt token ids, and the positions where messages end (Tokenizer.chat_message_boundaries)."""
+    messages = [m.to_template() for m in req.messages]
+    tools = req.template_tools()
+    kwargs = req.template_kwargs()
+    if reserved := _RESERVED_KWARGS & kwargs.keys():
+        raise bad_request(
+            f"chat_template_kwargs may not set {sorted(reserved)}", param="chat_template_kwargs"
+        )
+    try:
+        text = tokenizer.apply_chat_template(messages, tools, req.add_generation_prompt, **kwargs)
+        positions = tokenizer.chat_message_boundaries(messages, tools, req.add_generation_prompt, **kwargs)
+    except ChatTemplateError as e:
+        raise bad_request(str(e), param="messages") from e
+    return tokenizer.encode(text, add_special_tokens=False), positions
 
 
 def _usage(out: RequestOutput) -> dict[str, Any]:

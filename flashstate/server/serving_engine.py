@@ -190,7 +190,7 @@ class OpenAIServing:
             finished = first  # refused on add: never queued, so not an abort
             raise
         finally:
-            if not finished:  # the body ran, so the request was queued (or its add raised)
+            if not finished:  # queued, then left early: the engine stream's finally aborted it
                 self.metrics.aborted.labels(self.model_name).inc()
                 await stream.aclose()  # type: ignore[attr-defined]
 

@@ -19,8 +19,13 @@ def test_turn_ending_mid_block_is_a_full_hit_for_flashstate_and_aligned_for_vllm
     new = [rng.randrange(2000) for _ in range(25)]
     cached = {}
     for policy in ("flashstate", "vllm", "sglang", "none"):
-        llm = LLM(tiny_model_dir, cache_policy=policy, block_size=16, mamba_block_size=64,
-                  prefill_cost_coefficients=(1e-5, 1e-8))
+        llm = LLM(
+            tiny_model_dir,
+            cache_policy=policy,
+            block_size=16,
+            mamba_block_size=64,
+            prefill_cost_coefficients=(1e-5, 1e-8),
+        )
         out = llm.generate(first, PARAMS)[0]
         second = llm.generate(first + out.token_ids + new, PARAMS)[0]
         cached[policy] = second.num_cached_tokens
@@ -39,8 +44,13 @@ def test_prompt_sharing_part_of_an_earlier_prompt(tiny_model_dir):
     base = [rng.randrange(2000) for _ in range(200)]
     results = {}
     for policy in ("flashstate", "vllm"):
-        llm = LLM(tiny_model_dir, cache_policy=policy, block_size=16, mamba_block_size=128,
-                  prefill_cost_coefficients=(1e-5, 1e-8))
+        llm = LLM(
+            tiny_model_dir,
+            cache_policy=policy,
+            block_size=16,
+            mamba_block_size=128,
+            prefill_cost_coefficients=(1e-5, 1e-8),
+        )
         llm.generate(base, PARAMS)
         a = llm.generate(base[:150] + [1, 2, 3] * 10, PARAMS)[0].num_cached_tokens
         b = llm.generate(base[:150] + [4, 5] * 10, PARAMS)[0].num_cached_tokens
@@ -51,8 +61,14 @@ def test_prompt_sharing_part_of_an_earlier_prompt(tiny_model_dir):
 
 
 def _manager(policy: Policy, max_checkpoints: int, clock) -> CacheManager:
-    return CacheManager(BlockPool(4096, 16), StatePool(64), policy, max_checkpoints=max_checkpoints,
-                        copy_block=lambda s, d: None, clock=clock)
+    return CacheManager(
+        BlockPool(4096, 16),
+        StatePool(64),
+        policy,
+        max_checkpoints=max_checkpoints,
+        copy_block=lambda s, d: None,
+        clock=clock,
+    )
 
 
 def _serve(cache: CacheManager, tokens: list[int]) -> int:
@@ -68,8 +84,14 @@ def _serve(cache: CacheManager, tokens: list[int]) -> int:
 
 
 def _burst_then_return(eviction: str) -> int:
-    policy = Policy("flashstate", cost=PrefillCost(1e-5, 1e-7), bytes_per_block=16_000, bytes_per_slot=60_000,
-                    eviction=eviction, frontier=True)
+    policy = Policy(
+        "flashstate",
+        cost=PrefillCost(1e-5, 1e-7),
+        bytes_per_block=16_000,
+        bytes_per_slot=60_000,
+        eviction=eviction,
+        frontier=True,
+    )
     now = [0.0]
     cache = _manager(policy, max_checkpoints=8, clock=lambda: now[0])
     rng = random.Random(2)
@@ -88,8 +110,16 @@ def test_long_expensive_context_survives_a_burst_under_gds_not_lru():
 
 
 def test_protected_frontier_survives_until_its_idle_time_passes():
-    policy = Policy("flashstate", cost=PrefillCost(1e-5, 1e-7), bytes_per_block=16_000, bytes_per_slot=60_000,
-                    eviction="gds", frontier=True, leaf_last=True, leaf_idle_seconds=60.0)
+    policy = Policy(
+        "flashstate",
+        cost=PrefillCost(1e-5, 1e-7),
+        bytes_per_block=16_000,
+        bytes_per_slot=60_000,
+        eviction="gds",
+        frontier=True,
+        leaf_last=True,
+        leaf_idle_seconds=60.0,
+    )
     now = [0.0]
     cache = _manager(policy, max_checkpoints=4, clock=lambda: now[0])
     rng = random.Random(3)

@@ -25,11 +25,13 @@ def _capture(llm: LLM) -> dict[str, list[torch.Tensor]]:
 def _rounds(rng: random.Random, vocab: int):
     """Yields lists of prompts built from earlier prompts and outputs (sent back via `.send`)."""
     agents = [[rng.randrange(vocab) for _ in range(rng.randint(20, 60))] for _ in range(3)]
-    for turn in range(4):
+    for _ in range(4):
         prompts = list(agents)
         # A sub-agent fork: a prefix of one agent's context cut at an arbitrary point, plus its own task.
         src = rng.choice(agents)
-        prompts.append(src[: rng.randint(5, len(src))] + [rng.randrange(vocab) for _ in range(rng.randint(3, 30))])
+        prompts.append(
+            src[: rng.randint(5, len(src))] + [rng.randrange(vocab) for _ in range(rng.randint(3, 30))]
+        )
         outputs = yield prompts
         for a in range(3):
             agents[a] = prompts[a] + outputs[a] + [rng.randrange(vocab) for _ in range(rng.randint(1, 40))]
@@ -37,8 +39,14 @@ def _rounds(rng: random.Random, vocab: int):
 
 @pytest.mark.parametrize("policy", ["flashstate", "vllm", "sglang"])
 def test_hits_at_arbitrary_depths_equal_full_recompute(tiny_model_dir, policy):
-    cached = LLM(tiny_model_dir, cache_policy=policy, block_size=4, max_num_batched_tokens=32,
-                 mamba_block_size=12, prefill_cost_coefficients=(1e-5, 1e-8))
+    cached = LLM(
+        tiny_model_dir,
+        cache_policy=policy,
+        block_size=4,
+        max_num_batched_tokens=32,
+        mamba_block_size=12,
+        prefill_cost_coefficients=(1e-5, 1e-8),
+    )
     plain = LLM(tiny_model_dir, enable_prefix_caching=False, block_size=4, max_num_batched_tokens=4096)
     got, want = _capture(cached), _capture(plain)
     rng = random.Random({"flashstate": 1, "vllm": 2, "sglang": 3}[policy])

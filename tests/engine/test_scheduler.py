@@ -57,15 +57,26 @@ def test_fifo_head_is_never_skipped():
 
 def test_preemption_frees_the_newest_and_requeues_it_first():
     sched = _scheduler(num_blocks=4, block_size=4, budget=100)
-    a, b = _seq("a", 8), _seq("b", 7)
+    a, b = _seq("a", 7), _seq("b", 7)
     sched.add(a)
     sched.add(b)
-    _advance(sched, sched.schedule())  # a: 9 tokens (3 blocks needed next), b: 8 tokens
+    _advance(sched, sched.schedule())  # both prefilled: 8 tokens each, 2 blocks each
+    _advance(sched, sched.schedule())  # both decode token 8 (still inside their second block)
     assert len(a.block_table) == 2 and len(b.block_table) == 2
-    batch = sched.schedule()  # a's decode needs a third block: b (newest) is preempted
+    batch = sched.schedule()  # a's next decode needs a third block: b (newest) is preempted
     assert [s.request_id for s in batch.seqs] == ["a"]
     assert list(sched.waiting) == [b] and b.num_computed_tokens == 0 and not b.block_table
     assert b.stats.num_preemptions == 1 and b.state_slot is None
+    sched.check_integrity()
+
+
+def test_admission_waits_until_the_whole_prompt_fits_beside_running_ones():
+    sched = _scheduler(num_blocks=6, block_size=4, budget=4)
+    a, b = _seq("a", 14), _seq("b", 9)
+    sched.add(a)
+    sched.add(b)
+    batch = sched.schedule()  # a takes 4 blocks to its first token; b would need 3 more of the 2 left
+    assert [s.request_id for s in batch.seqs] == ["a"] and list(sched.waiting) == [b]
     sched.check_integrity()
 
 

@@ -120,6 +120,20 @@ def test_second_turn_reports_cached_tokens(server, client):
     assert server.metrics()["vllm:prefix_cache_hits_total"] - hits_before == cached
 
 
+def test_chat_message_ends_reach_the_engine_as_checkpoints(server, client):
+    """The chat path hands the engine each message's end; the flashstate policy keeps a checkpoint at each
+    (plus the prompt end and the frontier), where a plain completion keeps two."""
+    messages = [
+        {"role": "system", "content": "Session 7f3e: a fresh context."},
+        {"role": "user", "content": "Open the parser."},
+        {"role": "assistant", "content": "Opened parser.py."},
+        {"role": "user", "content": "Fix the bug."},
+    ]
+    before = server.metrics()["flashstate:checkpoints"]
+    client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, **greedy())
+    assert server.metrics()["flashstate:checkpoints"] - before >= len(messages) + 1
+
+
 def test_chat_with_tools_and_tool_results(client):
     tools = [
         {
@@ -230,3 +244,16 @@ def test_metrics_in_prometheus_format(server):
     finished = sum(v for k, v in m.items() if k.startswith("vllm:request_success_total"))
     assert m["vllm:e2e_request_latency_seconds_count"] == finished > 0
     assert m["vllm:prefix_cache_hits_total"] <= m["vllm:prefix_cache_queries_total"]
+
+
+def test_one_token_streams_finish_in_their_first_chunk(client):
+    chat = list(
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=1, stream=True, **greedy()
+        )
+    )
+    assert chat[0].choices[0].delta.role == "assistant" and chat[-1].choices[0].finish_reason == "length"
+    batch = list(
+        client.completions.create(model=MODEL, prompt=[[1, 2], [3, 4]], max_tokens=1, stream=True, **greedy())
+    )
+    assert sorted(c.choices[0].index for c in batch if c.choices[0].finish_reason) == [0, 1]

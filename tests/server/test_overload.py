@@ -10,7 +10,7 @@ import pytest
 from tests.server.conftest import assert_error, running_server
 
 NAME = "tiny"
-LONG = {"max_tokens": 1000, "temperature": 0.0, "extra_body": {"ignore_eos": True}}
+LONG = {"max_tokens": 20000, "temperature": 0.0, "extra_body": {"ignore_eos": True}}
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def test_disconnect_mid_stream_frees_blocks_and_slots(server):
     assert busy["flashstate:kv_blocks_free"] < busy["flashstate:kv_blocks_total"]
     m = server.wait_metrics(idle)
     assert m["flashstate:requests_aborted_total"] == aborted + 1
-    assert m["vllm:generation_tokens_total"] < 1000  # it stopped early
+    assert m["vllm:generation_tokens_total"] < 20000  # it stopped early
 
 
 def test_chat_disconnect_mid_stream_frees(server):

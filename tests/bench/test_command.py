@@ -1,0 +1,81 @@
+"""`flashstate bench` through the CLI, against fake servers run as processes (tests/bench/fake_server.py)."""
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from flashstate.bench.compare import ServerError, ServerSpec, server_process
+from flashstate.cli import main
+
+FAKE = ServerSpec(entry=(str(Path(__file__).with_name("fake_server.py")),), startup_timeout_s=30)
+FAST = shlex.split("--agents 2 --warmup 0 --duration 30 --max-sessions 3 --time-scale 0 --no-progress")
+
+
+@pytest.fixture
+def trace(tmp_path):
+    """A one-session AgentX file (two turns, two sub-agents, two more turns)."""
+    from .test_workloads import agentx_doc
+
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(agentx_doc()))
+    return str(path)
+
+
+def test_bench_run_writes_result_report_and_plots(tmp_path, trace, capsys):
+    with server_process(FAKE, "flashstate", tmp_path / "server.log") as (url, cmd):
+        assert cmd[1].endswith("fake_server.py") and cmd[2:4] == ["--host", "127.0.0.1"]
+        rc = main(["bench", "run", "--url", url, "--workload", trace, "--out", str(tmp_path / "out"), *FAST])
+        assert rc == 0
+        rc = main(["bench", "run", "--url", url, "--out", str(tmp_path / "syn"), "--length-scale", "auto",
+                   "--max-context", "2000", "--max-requests", "4", *FAST])  # fmt: skip
+        assert rc == 0
+    doc = json.loads((tmp_path / "out" / "result-run.json").read_text())
+    assert doc["workload"] == {"kind": "agentx", "source": trace, "sessions": 1, "seed": 0, "requests": 7}
+    assert doc["replay"]["agents"] == 2 and doc["summary"]["completed_agents"] == 3
+    assert {r["session"] for r in doc["requests"]} == {"s1#0", "s1#0/a1", "s1#0/a2", "s1#1", "s1#1/a1",
+                                                       "s1#1/a2", "s1#2", "s1#2/a1", "s1#2/a2"}  # fmt: skip
+    syn = json.loads((tmp_path / "syn" / "result-run.json").read_text())
+    assert syn["workload"]["kind"] == "synthetic" and syn["scale"]["length_scale_auto"]
+    assert 0 < syn["scale"]["length_scale"] < 0.05 and syn["summary"]["requests"] == 4
+    assert doc["server_metrics"]["cross_check"]["equal"]
+    assert (tmp_path / "out" / "ttft_cdf.png").stat().st_size > 0
+    assert "| token hit rate |" in capsys.readouterr().out
+
+
+def test_bench_compare_one_server_per_policy(tmp_path, trace, monkeypatch, capsys):
+    monkeypatch.setattr("flashstate.bench.command.ServerSpec", lambda args, timeout: FAKE)
+    out = tmp_path / "cmp"
+    policies = "flashstate,vllm,none"
+    rc = main(["bench", "compare", "--policies", policies, "--workload", trace, "--out", str(out), *FAST])
+    assert rc == 0
+    doc = json.loads((out / "compare.json").read_text())
+    assert doc["policies"] == ["flashstate", "vllm", "none"] and doc["reference"] == "vllm"
+    hit = {p: doc["results"][p]["summary"]["token_hit_rate"] for p in doc["policies"]}
+    assert hit["flashstate"] > hit["vllm"] > hit["none"] == 0.0
+    servers = {p: doc["results"][p]["server"] for p in doc["policies"]}
+    assert len({s["base_url"] for s in servers.values()}) == 3  # a fresh server each
+    assert all(s["command"][s["command"].index("--cache-policy") + 1] == p for p, s in servers.items())
+    assert (out / "server-none.log").exists()
+    assert "Times better than `vllm`" in capsys.readouterr().out
+
+
+def test_bench_stats_prints_the_fit(trace, capsys):
+    assert main(["bench", "stats", trace]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["sessions"] == 1 and doc["agents"]["turns"]["p50"] == 4.0 and "fitted" in doc
+
+
+def test_bench_errors_are_reported(tmp_path, capsys):
+    assert main(["bench", "run", "--workload", str(tmp_path / "missing"), "--no-progress"]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main(["bench", "compare", "--policies", "lru"]) == 2
+    assert "unknown ['lru']" in capsys.readouterr().err
+
+
+def test_server_that_dies_is_reported(tmp_path):
+    spec = ServerSpec(python=sys.executable, entry=("-c", "import sys; sys.exit(3)"), startup_timeout_s=10)
+    with pytest.raises(ServerError, match="status 3"), server_process(spec, "vllm", tmp_path / "log"):
+        pass
