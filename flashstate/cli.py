@@ -50,6 +50,15 @@ def _parser() -> argparse.ArgumentParser:
         default=0.5,
         help="cache budget as a fraction of the agents' working set (ignored with --kv-cache-memory-bytes)",
     )
+    calibrate = sub.add_parser(
+        "calibrate",
+        help="measure the prefill cost C(n) = a·n + b·n² on this model and device, and cache the fit",
+        description="Times from-scratch prefills of several lengths (chunked like the scheduler), fits "
+        "a and b, prints them and stores the fit where the engine looks for it at start-up.",
+    )
+    add_engine_args(calibrate)
+    add_cache_args(calibrate)
+    calibrate.add_argument("--max-tokens", type=int, default=None, help="longest prefill timed")
     _add_bench(sub)
     return parser
 
@@ -82,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"flashstate: error: {e}", file=sys.stderr)
         return 2
+    if args.command == "calibrate":
+        return _calibrate(config, args.max_tokens)
     if args.command == "serve":
         from flashstate.server.app import serve
 
@@ -100,6 +111,34 @@ def main(argv: list[str] | None = None) -> int:
         print(f"flashstate: error: {e}", file=sys.stderr)
         return 2
     print(format_table(results))
+    return 0
+
+
+def _calibrate(config: EngineConfig, max_tokens: int | None) -> int:
+    from dataclasses import replace
+
+    from flashstate.engine import calibration
+    from flashstate.engine.llm_engine import LLMEngine
+
+    try:
+        engine = LLMEngine(replace(config, enable_prefix_caching=False))
+    except (ValueError, FileNotFoundError) as e:
+        print(f"flashstate: error: {e}", file=sys.stderr)
+        return 2
+    limit = min(engine.max_model_len, engine.plan.num_blocks * config.block_size, max_tokens or 32768)
+    runner = engine.runner
+    cost, detail = calibration.calibrate(
+        engine.model, runner.caches, config.block_size, config.max_num_batched_tokens, limit, engine.device
+    )
+    path = calibration.cache_path(
+        engine.model, engine.device, config.max_num_batched_tokens, config.calibration_cache_dir
+    )
+    calibration.save(path, cost, detail, engine.device)
+    print("| tokens | measured (s) | fit (s) |\n|---|---|---|")
+    for n, t in zip(detail["lengths"], detail["seconds"], strict=True):
+        print(f"| {n} | {t:.4f} | {cost(n):.4f} |")
+    where = calibration.device_name(engine.device)
+    print(f"C(n) = {cost.a:.4g}·n + {cost.b:.4g}·n²  ({where}; saved to {path})")
     return 0
 
 

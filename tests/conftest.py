@@ -1,4 +1,11 @@
+import os
+import tempfile
+
 import pytest
+
+# Everything the engine caches on disk (the default model, calibration fits) goes to a per-run folder,
+# never the user's home; server subprocesses inherit it.
+os.environ.setdefault("FLASHSTATE_HOME", tempfile.mkdtemp(prefix="flashstate-test-"))
 
 
 @pytest.fixture(scope="session")

@@ -1,13 +1,21 @@
 """Write the tiny random HF Qwen3-Next checkpoint that real vLLM and flashstate both serve.
 
-    /work/main/.venv/bin/python benchmarks/vllm_reference/make_checkpoint.py OUT_DIR [--seed 0]
+    /work/main/.venv/bin/python benchmarks/vllm_reference/make_checkpoint.py OUT_DIR [--seed 0] [--dtype bfloat16]
 
-4 layers (3 Gated DeltaNet `linear_attention` + 1 `full_attention`), hidden 128, dense MLP in layers
-0-2 and a tiny MoE (4 experts, top-2, + shared expert) in layer 3 (vLLM needs at least one MoE layer), fp32, vocab 2048 (the default flashstate tokenizer, written next to the weights).
-Weights come from transformers' own initialisation under `torch.manual_seed(seed)`, so the same seed and
-transformers version give the same checkpoint. The checkpoint is written with `save_pretrained`
-(config.json + model.safetensors); a few legacy config keys (`rope_theta`, `partial_rotary_factor`,
-`torch_dtype`) are added so that an older transformers (the one vLLM pins) reads the same RoPE.
+4 layers (3 Gated DeltaNet `linear_attention` + 1 `full_attention` at index 3), hidden 128, vocab 2048
+(the default flashstate tokenizer, written next to the weights). Shapes are bent to what vLLM CPU 0.32
+accepts:
+  - attention: 4 query heads, 2 KV heads, head_dim 32 (output-gated, partial RoPE 0.25);
+  - Gated DeltaNet: 2 key heads, 4 value heads, head dims 64 (the CPU `chunk_gated_delta_rule` kernel
+    only takes head dims 64 and 128), conv kernel 4;
+  - FFN: dense (intermediate 384) in layers 0-2 and a tiny MoE (4 experts of 64, top-2, plus a
+    sigmoid-gated shared expert of 128) in layer 3 -- vLLM's Qwen3-Next refuses a model with no MoE
+    layer ("No Qwen3Next layer found in the model.layers.");
+  - stored in bfloat16 (vLLM's CPU GDN path asserts BF16 activations).
+Weights come from transformers' own initialisation (in fp32, then cast) under `torch.manual_seed(seed)`:
+the same seed, transformers and torch versions give the same bytes. Written with `save_pretrained`
+(config.json + model.safetensors); legacy config keys (`rope_theta`, `partial_rotary_factor`,
+`torch_dtype`) are added for older transformers readers.
 """
 
 from __future__ import annotations

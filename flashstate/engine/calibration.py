@@ -80,6 +80,23 @@ def calibrate(
     return cost, {"lengths": lengths, "seconds": seconds}
 
 
+def cache_path(
+    model: HybridForCausalLM, device: torch.device, chunk: int, cache_dir: str | Path | None
+) -> Path:
+    dtype = next(model.parameters()).dtype
+    key = layout_fingerprint(model.spec, dtype, device=device_name(device), chunk=chunk)
+    return Path(cache_dir or default_cache_dir()) / f"{key}.json"
+
+
+def save(path: Path, cost: PrefillCost, detail: dict, device: torch.device) -> None:
+    date = time.strftime("%Y-%m-%d")
+    record = {"a": cost.a, "b": cost.b, "device": device_name(device), "date": date, **detail}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(record, indent=1))
+    tmp.replace(path)
+
+
 def load_or_calibrate(
     model: HybridForCausalLM,
     caches: CacheTensors,
@@ -90,9 +107,7 @@ def load_or_calibrate(
     cache_dir: str | Path | None = None,
 ) -> PrefillCost:
     """The cached fit for this model layout + device, or a fresh calibration (then cached)."""
-    dtype = next(model.parameters()).dtype
-    key = layout_fingerprint(model.spec, dtype, device=device_name(device), chunk=chunk)
-    path = Path(cache_dir or default_cache_dir()) / f"{key}.json"
+    path = cache_path(model, device, chunk, cache_dir)
     if path.is_file():
         try:
             data = json.loads(path.read_text())
@@ -100,16 +115,6 @@ def load_or_calibrate(
         except (ValueError, KeyError) as e:
             logger.warning("ignoring unreadable calibration %s: %s", path, e)
     cost, detail = calibrate(model, caches, block_size, chunk, max_tokens, device)
-    record = {
-        "a": cost.a,
-        "b": cost.b,
-        "device": device_name(device),
-        "date": time.strftime("%Y-%m-%d"),
-        **detail,
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(record, indent=1))
-    tmp.replace(path)
+    save(path, cost, detail, device)
     logger.info("calibrated prefill cost: C(n) = %.3g·n + %.3g·n² s (%s)", cost.a, cost.b, path)
     return cost

@@ -54,6 +54,7 @@ class _SamplingFields(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    return_token_ids: bool = False  # vLLM: generated token ids on each choice (delta ids when streaming)
 
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         """Build SamplingParams; its ValueError ("top_p must be ...") becomes a 400 naming the field."""

@@ -47,6 +47,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 else None,
                 "finish_reason": out.finish_reason,
                 "stop_reason": out.stop_reason,
+                **({"token_ids": out.token_ids} if req.return_token_ids else {}),
             }
             for i, out in enumerate(finals)
         ]
@@ -81,7 +82,7 @@ class OpenAIServingCompletion(OpenAIServing):
         self, req: CompletionRequest, head: dict[str, Any], i: int, out: RequestOutput, offsets: list[int]
     ) -> str | None:
         n = len(out.delta_token_ids)
-        if not (out.delta_text or out.finished or (req.logprobs is not None and n)):
+        if not (out.delta_text or out.finished or ((req.logprobs is not None or req.return_token_ids) and n)):
             return None  # nothing to send yet (e.g. text held back as a possible stop string)
         logprobs = None
         if req.logprobs is not None:
@@ -94,6 +95,8 @@ class OpenAIServingCompletion(OpenAIServing):
             "finish_reason": out.finish_reason if out.finished else None,
             "stop_reason": out.stop_reason if out.finished else None,
         }
+        if req.return_token_ids:
+            choice["token_ids"] = out.delta_token_ids
         chunk: dict[str, Any] = {**head, "choices": [choice]}
         if req.include_usage:
             chunk["usage"] = _total_usage([out]) if req.continuous_usage else None

@@ -257,3 +257,19 @@ def test_one_token_streams_finish_in_their_first_chunk(client):
         client.completions.create(model=MODEL, prompt=[[1, 2], [3, 4]], max_tokens=1, stream=True, **greedy())
     )
     assert sorted(c.choices[0].index for c in batch if c.choices[0].finish_reason) == [0, 1]
+
+
+def test_return_token_ids_lets_an_agent_resend_its_reply_exactly(client):
+    kw = {"temperature": 0.0, "extra_body": {"ignore_eos": True, "return_token_ids": True}}
+    prompt = list(range(40, 140))
+    whole = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, **kw)
+    ids = whole.choices[0].model_extra["token_ids"]
+    streamed = [
+        i
+        for c in client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, stream=True, **kw)
+        for i in (c.choices[0].model_extra.get("token_ids") or [] if c.choices else [])
+    ]
+    assert len(ids) == 6 and streamed == ids
+    # The next turn re-sends prompt + reply: the frontier checkpoint covers all but the last token.
+    second = client.completions.create(model=MODEL, prompt=prompt + ids + [7, 8, 9], max_tokens=1, **kw)
+    assert second.usage.prompt_tokens_details.cached_tokens == len(prompt) + len(ids) - 1
