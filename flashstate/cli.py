@@ -30,26 +30,6 @@ def _parser() -> argparse.ArgumentParser:
     add_engine_args(serve)
     add_cache_args(serve)
     add_server_args(serve)
-    demo = sub.add_parser(
-        "demo",
-        help="replay concurrent agents through the engine under each cache policy, side by side",
-        description="Concurrent coding agents (shared prefix, growing contexts, sub-agent forks) replayed "
-        "offline through the engine once per cache policy, with a cache smaller than their working set.",
-    )
-    add_engine_args(demo)
-    add_cache_args(demo)
-    demo.add_argument("--agents", type=int, default=6, help="agent sessions")
-    demo.add_argument("--turns", type=int, default=5, help="turns per session")
-    demo.add_argument("--max-tokens", type=int, default=16, help="output tokens per turn")
-    demo.add_argument(
-        "--policies", default="flashstate,vllm,sglang,none", help="comma-separated cache policies"
-    )
-    demo.add_argument(
-        "--cache-fraction",
-        type=float,
-        default=0.5,
-        help="cache budget as a fraction of the agents' working set (ignored with --kv-cache-memory-bytes)",
-    )
     calibrate = sub.add_parser(
         "calibrate",
         help="measure the prefill cost C(n) = a·n + b·n² on this model and device, and cache the fit",
@@ -64,9 +44,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
-    from flashstate.bench.cli_args import add_bench_parser
+    from flashstate.bench.cli_args import add_bench_parser, add_demo_parser
 
     add_bench_parser(sub)
+    add_demo_parser(sub)
 
 
 def _resolve(args: argparse.Namespace) -> EngineConfig:
@@ -82,7 +63,7 @@ def _resolve(args: argparse.Namespace) -> EngineConfig:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.command == "bench":
+    if args.command in ("bench", "demo"):
         from flashstate.bench.command import run_bench
 
         return run_bench(args)
@@ -102,15 +83,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"flashstate: error: {e}", file=sys.stderr)
             return 1
         return 0
-    from flashstate.demo import format_table, run_demo
-
-    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
-    try:
-        results = run_demo(config, policies, args.agents, args.turns, args.max_tokens, args.cache_fraction)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"flashstate: error: {e}", file=sys.stderr)
-        return 2
-    print(format_table(results))
     return 0
 
 

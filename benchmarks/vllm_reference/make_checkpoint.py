@@ -1,6 +1,6 @@
 """Write the tiny random HF Qwen3-Next checkpoint that real vLLM and flashstate both serve.
 
-    /work/main/.venv/bin/python benchmarks/vllm_reference/make_checkpoint.py OUT_DIR [--seed 0] [--dtype bfloat16]
+    .venv/bin/python benchmarks/vllm_reference/make_checkpoint.py OUT_DIR [--seed 0] [--dtype bfloat16]
 
 4 layers (3 Gated DeltaNet `linear_attention` + 1 `full_attention` at index 3), hidden 128, vocab 2048
 (the default flashstate tokenizer, written next to the weights). Shapes are bent to what vLLM CPU 0.32
@@ -61,7 +61,11 @@ def make_config(dtype: str = "bfloat16") -> Qwen3NextConfig:
         decoder_sparse_step=1,
         mlp_only_layers=[0, 1, 2],
         max_position_embeddings=131072,
-        rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA, "partial_rotary_factor": PARTIAL_ROTARY},
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": ROPE_THETA,
+            "partial_rotary_factor": PARTIAL_ROTARY,
+        },
         rms_norm_eps=1e-6,
         tie_word_embeddings=False,
         eos_token_id=IM_END_ID,
@@ -104,8 +108,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", type=Path)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
-                   help="stored dtype; vLLM CPU's Gated DeltaNet kernel requires bfloat16")
+    p.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=["bfloat16", "float32"],
+        help="stored dtype; vLLM CPU's Gated DeltaNet kernel requires bfloat16",
+    )
     a = p.parse_args()
     out = make_checkpoint(a.out, a.seed, a.dtype)
     n = sum(p.numel() for p in Qwen3NextForCausalLM.from_pretrained(str(out)).parameters())

@@ -67,8 +67,13 @@ class CacheTracer:
             for i, g in enumerate(core.scheduler.kv_cache_config.kv_cache_groups)
         ]
         self.group_desc = [
-            {"group": i, "kind": type(g.kv_cache_spec).__name__, "layers": list(g.layer_names),
-             "block_size": g.kv_cache_spec.block_size, "page_size_bytes": g.kv_cache_spec.page_size_bytes}
+            {
+                "group": i,
+                "kind": type(g.kv_cache_spec).__name__,
+                "layers": list(g.layer_names),
+                "block_size": g.kv_cache_spec.block_size,
+                "page_size_bytes": g.kv_cache_spec.page_size_bytes,
+            }
             for i, g in enumerate(core.scheduler.kv_cache_config.kv_cache_groups)
         ]
         self.hash_block_size = self.pool.hash_block_size
@@ -89,8 +94,10 @@ class CacheTracer:
         for key in self.pool.cached_block_hash_to_block._cache:
             g = get_group_id(key)
             per_group[g] = per_group.get(g, 0) + 1
-        return {"free_blocks": self.pool.get_num_free_blocks(),
-                "cached_hashes_per_group": [per_group.get(i, 0) for i in range(len(self.groups))]}
+        return {
+            "free_blocks": self.pool.get_num_free_blocks(),
+            "cached_hashes_per_group": [per_group.get(i, 0) for i in range(len(self.groups))],
+        }
 
 
 def prompt_digest(tokens: list[int]) -> str:
@@ -166,16 +173,23 @@ def main() -> None:
     p.add_argument("--workload", required=True, type=Path)
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--log", type=Path, default=None)
-    p.add_argument("--block-size", type=int, default=16,
-                   help="passed explicitly (vLLM raises it to fit a recurrent-state page; 16 = vLLM's default)")
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=16,
+        help="passed explicitly (vLLM raises it to fit a recurrent-state page; 16 = vLLM's default)",
+    )
     p.add_argument("--kv-cache-memory-bytes", type=int, required=True)
     p.add_argument("--max-num-seqs", type=int, default=4)
     p.add_argument("--max-model-len", type=int, default=6144)
     p.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: vLLM's (4096 on CPU)")
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--trace", action="store_true",
-                   help="run the engine core in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) and record, per "
-                        "request, which blocks/states along its prompt were cached before it ran")
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="run the engine core in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) and record, per "
+        "request, which blocks/states along its prompt were cached before it ran",
+    )
     a = p.parse_args()
 
     spec = load_spec(a.workload)
@@ -223,9 +237,12 @@ def main() -> None:
         }
     )
     block = info.get("attention_block_size_set_to", cc.block_size)
-    print(f"vLLM {vllm.__version__}: block size {block} (log: {info.get('attention_block_size_set_to')}, "
-          f"config: {cc.block_size}), KV blocks {cc.num_gpu_blocks}, "
-          f"KV cache {info.get('kv_cache_size_tokens')} tokens, startup {startup_s:.1f}s", file=tty)
+    print(
+        f"vLLM {vllm.__version__}: block size {block} (log: {info.get('attention_block_size_set_to')}, "
+        f"config: {cc.block_size}), KV blocks {cc.num_gpu_blocks}, "
+        f"KV cache {info.get('kv_cache_size_tokens')} tokens, startup {startup_s:.1f}s",
+        file=tty,
+    )
 
     tracer = CacheTracer(llm) if a.trace else None
     if tracer is not None:
@@ -265,8 +282,11 @@ def main() -> None:
             row["pool_after"] = tracer.pool_stats()
         row["output_token_ids"] = gen
         rows.append(row)
-        print(f"{req['id']:>6} prompt {len(prompt):5d} cached {row['num_cached_tokens']:5d} "
-              f"(counter hits {dh}) {dt:.2f}s  {req['note']}", file=tty)
+        print(
+            f"{req['id']:>6} prompt {len(prompt):5d} cached {row['num_cached_tokens']:5d} "
+            f"(counter hits {dh}) {dt:.2f}s  {req['note']}",
+            file=tty,
+        )
 
     result = {
         "format": "flashstate-vllm-reference-result/1",

@@ -45,13 +45,13 @@ def predict(spec: dict, B: int) -> dict[str, dict]:
         prompt = builder.build(req)
         L = len(prompt)
         cap = (L - 1) // B * B
-        A = 0
-        while A + B <= cap and tuple(prompt[: A + B]) in attn:
-            A += B
-        hit = max((p for p in range(B, A + 1, B) if tuple(prompt[:p]) in states), default=0)
-        R = cap
-        J = A if A > hit else 0
-        for p in (R, J):
+        a = 0  # attention hit
+        while a + B <= cap and tuple(prompt[: a + B]) in attn:
+            a += B
+        hit = max((p for p in range(B, a + 1, B) if tuple(prompt[:p]) in states), default=0)
+        r = cap  # replay boundary
+        j = a if a > hit else 0  # shared-prefix junction
+        for p in (r, j):
             if p > 0:
                 states.add(tuple(prompt[:p]))
         gen = list(range(fake, fake - req["max_tokens"], -1))  # unique stand-in output tokens
@@ -60,7 +60,7 @@ def predict(spec: dict, B: int) -> dict[str, dict]:
         for k in range(B, len(seq) + 1, B):
             attn.add(tuple(seq[:k]))
         builder.record(req["id"], prompt, gen)
-        out[req["id"]] = {"L": L, "A": A, "hit": hit, "R": R, "J": J}
+        out[req["id"]] = {"L": L, "A": a, "hit": hit, "R": r, "J": j}
     return out
 
 
@@ -90,7 +90,11 @@ def main(paths: list[str]) -> None:
         mem = r["args"]["kv_cache_memory_bytes"]
         blocks = r["vllm_config"]["frontend_cache_config"]["num_gpu_blocks"]
         names.append(f"{blocks}blk" if mem < 100 << 20 else "ample")
-    head = f"| {'id':6} | {'L':>5} | {'floor(prev/B)B':>14} | {'model':>5} | " + " | ".join(f"{n:>7}" for n in names) + " | note"
+    head = (
+        f"| {'id':6} | {'L':>5} | {'floor(prev/B)B':>14} | {'model':>5} | "
+        + " | ".join(f"{n:>7}" for n in names)
+        + " | note"
+    )
     print(head)
     print("|" + "|".join("---" for _ in range(5 + len(names))) + "|---|")
     mism_model = mism_old = 0
@@ -99,17 +103,20 @@ def main(paths: list[str]) -> None:
         vals = [r["requests"][i]["num_cached_tokens"] for r in results]
         assert all(r["requests"][i]["id"] == rid for r in results)
         o = old[rid]
-        amp = [v for v, n in zip(vals, names) if n == "ample"]
+        amp = [v for v, n in zip(vals, names, strict=True) if n == "ample"]
         if amp and amp[0] != model[rid]["hit"]:
             mism_model += 1
         if amp and o is not None and amp[0] != o:
             mism_old += 1
         flag = "" if not amp or amp[0] == model[rid]["hit"] else " MODEL MISMATCH"
-        print(f"| {rid:6} | {model[rid]['L']:5d} | {'' if o is None else o:>14} | {model[rid]['hit']:5d} | "
-              + " | ".join(f"{v:7d}" for v in vals) + f" | {req['note']}{flag}")
+        print(
+            f"| {rid:6} | {model[rid]['L']:5d} | {'' if o is None else o:>14} | {model[rid]['hit']:5d} | "
+            + " | ".join(f"{v:7d}" for v in vals)
+            + f" | {req['note']}{flag}"
+        )
     print()
     tot = sum(m["L"] for m in model.values())
-    for n, r in zip(names, results):
+    for n, r in zip(names, results, strict=True):
         hits = sum(q["num_cached_tokens"] for q in r["requests"])
         print(f"{n:>7}: token hit rate {hits / tot:.1%} ({hits}/{tot} prompt tokens)")
     print(f"model mismatches vs ample: {mism_model}; floor(prev/B)*B mismatches on continuations: {mism_old}")

@@ -61,7 +61,9 @@ def make_spec(seed: int = 0, block: int = 288, agents: int = 4, turns: int = 6) 
     reqs: list[dict[str, Any]] = []
 
     def add(rid: str, base: Any, new_len: int, max_tokens: int, note: str = "") -> None:
-        reqs.append({"id": rid, "base": base, "new": _tokens(rng, new_len), "max_tokens": max_tokens, "note": note})
+        reqs.append(
+            {"id": rid, "base": base, "new": _tokens(rng, new_len), "max_tokens": max_tokens, "note": note}
+        )
 
     def turn_base(a: int, t: int) -> Any:
         return {"segment": "system"} if t == 0 else {"request": f"a{a}.t{t - 1}", "take": "prompt+output"}
@@ -71,7 +73,11 @@ def make_spec(seed: int = 0, block: int = 288, agents: int = 4, turns: int = 6) 
             if t == 0:
                 # Agent 3's first prompt is exactly 4 blocks; the others end mid-block.
                 new = 4 * B - 700 if a == 3 else rng.randint(200, 1200)
-                note = "first turn, prompt = 4B exactly" if a == 3 else "first turn (shares the 700-token system prompt)"
+                note = (
+                    "first turn, prompt = 4B exactly"
+                    if a == 3
+                    else "first turn (shares the 700-token system prompt)"
+                )
             elif a == 2:
                 new, note = rng.randint(700, 1000), "long turn (agent 2 passes the 4096-token prefill chunk)"
             else:
@@ -86,7 +92,13 @@ def make_spec(seed: int = 0, block: int = 288, agents: int = 4, turns: int = 6) 
             add("b3", {"request": "b0", "take": k + 40}, 200, 16, f"shares b0's first {k + 40} tokens")
             add("b4", {"request": "b1", "take": 1500}, 300, 16, "branches at b1's 1500-token junction")
         if t == 2:
-            add("r0", {"request": "a0.t0", "take": "prompt"}, 0, 16, "exact repeat of a0.t0's prompt (mid-block)")
+            add(
+                "r0",
+                {"request": "a0.t0", "take": "prompt"},
+                0,
+                16,
+                "exact repeat of a0.t0's prompt (mid-block)",
+            )
             add("r1", {"request": "a3.t0", "take": "prompt"}, 0, 16, "exact repeat of a3.t0's prompt (= 4B)")
             add("f0", {"request": "a1.t0", "take": "prompt"}, 150, 16, "fork off a1's first-turn prompt")
         if t == 3:
@@ -97,8 +109,13 @@ def make_spec(seed: int = 0, block: int = 288, agents: int = 4, turns: int = 6) 
             lens = expected_prompt_lengths({"segments": segments, "requests": reqs})
             prev = next(q for q in reqs if q["id"] == "a2.t3")
             k = lens["a2.t3"] + prev["max_tokens"] // 2
-            add("g0", {"request": "a2.t4", "take": k}, 200, 16,
-                f"shares a2.t4's first {k} tokens (inside a2.t3's generated tokens)")
+            add(
+                "g0",
+                {"request": "a2.t4", "take": k},
+                200,
+                16,
+                f"shares a2.t4's first {k} tokens (inside a2.t3's generated tokens)",
+            )
     spec = {
         "format": "flashstate-vllm-reference-workload/1",
         "seed": seed,
@@ -182,7 +199,8 @@ def main() -> None:
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(spec, separators=(",", ":")) + "\n")
     lens = spec["expected_prompt_len"]
-    print(f"wrote {a.out}: {len(spec['requests'])} requests, prompt lengths {min(lens.values())}..{max(lens.values())}")
+    lo, hi = min(lens.values()), max(lens.values())
+    print(f"wrote {a.out}: {len(spec['requests'])} requests, prompt lengths {lo}..{hi}")
 
 
 if __name__ == "__main__":

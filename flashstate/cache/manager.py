@@ -123,7 +123,7 @@ class CacheManager:
     def make_room(self, num_blocks: int) -> bool:
         """Evict cache units until `num_blocks` blocks are free; False if they cannot be."""
         while self.block_pool.num_free < num_blocks:
-            victim = self._victim(leaves_only=True) if self.enabled else None
+            victim = self._victim("kv") if self.enabled else None
             if victim is None:
                 return False
             self._evict(victim, "capacity_kv")
@@ -152,6 +152,12 @@ class CacheManager:
         if commit and frontier and seq.num_computed_tokens and seq.state_slot is not None:
             slot, seq.state_slot = seq.state_slot, None
             self._insert_checkpoint(seq, seq.num_computed_tokens, slot, frontier=True)
+        if commit and self.enabled and self.policy.decode_kv:
+            # vLLM keeps the KV of every full block of prompt + output[:-1], with no state behind it.
+            depth = seq.num_computed_tokens // self.policy.checkpoint_block * self.policy.checkpoint_block
+            if depth:
+                node, _ = self.tree.insert(seq.token_ids, seq.block_table, depth)
+                self.policy.stamp(node, self._clock())
         if seq.cache_handle is not None:
             self._lock(seq.cache_handle, -1)
             seq.cache_handle = None
@@ -164,7 +170,7 @@ class CacheManager:
     def reset(self) -> int:
         """Evict every checkpoint no running sequence holds (vLLM's reset_prefix_cache); returns how many."""
         n = 0
-        while (victim := self._victim(leaves_only=False)) is not None:
+        while (victim := self._victim("state")) is not None:
             self._evict(victim, "reset")
             n += 1
         return n
@@ -183,7 +189,7 @@ class CacheManager:
         self.num_checkpoints += 1
         self.policy.stamp(node, now)
         while self.num_checkpoints > self.max_checkpoints:
-            victim = self._victim(leaves_only=False, exclude=node)
+            victim = self._victim("state", exclude=node)
             if victim is None or self._key(node, now) < self._key(victim, now):
                 self.stats.admissions_refused += 1
                 self._evict(node, "refused")
@@ -194,11 +200,14 @@ class CacheManager:
     def _key(self, node: Node, now: float) -> tuple[bool, float]:
         return self.policy.key(node, self.tree.exclusive_blocks(node) if node.is_leaf else 0, now)
 
-    def _victim(self, leaves_only: bool, exclude: Node | None = None) -> Node | None:
+    def _victim(self, kind: str, exclude: Node | None = None) -> Node | None:
+        """The unit to evict first: for "kv", among leaves (their chain's blocks go); for "state", among
+        checkpoints (their slot goes). Locked nodes never."""
         now = self._clock()
         best, best_key = None, None
         for node in self.tree.nodes():
-            if node.slot is None or node.lock or node is exclude or (leaves_only and not node.is_leaf):
+            wrong = not node.is_leaf if kind == "kv" else node.slot is None
+            if wrong or node.lock or node is exclude:
                 continue
             key = self._key(node, now)
             if best_key is None or key < best_key:
@@ -207,10 +216,11 @@ class CacheManager:
 
     def _evict(self, node: Node, reason: str) -> None:
         self.policy.on_evict(node, self.tree.exclusive_blocks(node) if node.is_leaf else 0)
-        self.state_pool.free(node.slot)
-        node.slot = None
-        node.frontier = False
-        self.num_checkpoints -= 1
+        if node.slot is not None:
+            self.state_pool.free(node.slot)
+            node.slot = None
+            node.frontier = False
+            self.num_checkpoints -= 1
         self.stats.evictions[reason] += 1
         while node.is_leaf and node.slot is None and node.lock == 0 and node.parent is not None:
             parent = node.parent
@@ -223,7 +233,7 @@ class CacheManager:
 
     def _take_slot(self) -> int | None:
         while self.state_pool.num_free == 0:
-            victim = self._victim(leaves_only=False) if self.enabled else None
+            victim = self._victim("state") if self.enabled else None
             if victim is None:
                 return None
             self._evict(victim, "capacity_state")
@@ -269,7 +279,7 @@ class CacheManager:
                 raise AssertionError("a node does not start where its parent ends")
             if node.parent.children.get(node.tokens[0]) is not node:
                 raise AssertionError("a node is not indexed under its first token")
-            if node.is_leaf and node.slot is None and node.lock == 0:
+            if node.is_leaf and node.slot is None and node.lock == 0 and not self.policy.decode_kv:
                 raise AssertionError(f"leaf [{node.start}, {node.end}) holds no checkpoint")
             if node.lock != locks.get(id(node), 0):
                 raise AssertionError(f"node lock {node.lock} != {locks.get(id(node), 0)} running handles")

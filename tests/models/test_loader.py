@@ -90,7 +90,9 @@ def test_missing_files(good, tmp_path):
     (path / "model.safetensors").unlink()
     with pytest.raises(CheckpointError, match="no model.safetensors"):
         load_model(path)
-    (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "shard-1.safetensors"}}))
+    (path / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"a": "shard-1.safetensors"}})
+    )
     with pytest.raises(CheckpointError, match="shard-1.safetensors"):
         load_model(path)
     (path / "config.json").unlink()
