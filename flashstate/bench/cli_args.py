@@ -116,8 +116,9 @@ def _compare_args(cmp: argparse.ArgumentParser) -> None:
 
 
 # The README's main command: a short CPU compare on the embedded model and the synthetic workload, with
-# a KV + state budget well below the agents' working set (tiny model: 512 B of KV per token, 57 KiB
-# per state; 4 agents at length scale 0.02 reach ~3k-token contexts).
+# a KV + state budget below the agents' working set (tiny model: 512 B of KV per token, 57 KiB per
+# state; 8M leaves ~10k tokens of KV beside 16 working states, while 4 agents at length scale 0.02
+# hold ~3k-token contexts each plus their sub-agents').
 DEMO_DEFAULTS = {
     "bench_command": "compare",
     "policies": "flashstate,vllm",
@@ -127,7 +128,7 @@ DEMO_DEFAULTS = {
     "length_scale": "0.02",
     "time_scale": 0.02,
     "max_think_time": 5.0,
-    "serve_args": "--device cpu --max-num-seqs 16 --kv-cache-memory-bytes 4M",
+    "serve_args": "--device cpu --max-num-seqs 16 --kv-cache-memory-bytes 8M",
 }
 
 
