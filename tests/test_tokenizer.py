@@ -9,17 +9,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import processors
 
-from flashstate.tokenizer import (
+from flashstate.default_tokenizer import (
     DEFAULT_CHAT_TEMPLATE,
     DEFAULT_VOCAB_SIZE,
     ENDOFTEXT_ID,
     IM_END_ID,
     IM_START_ID,
-    ChatTemplateError,
-    Tokenizer,
     build_default_tokenizer,
     write_default_tokenizer,
 )
+from flashstate.tokenizer import ChatTemplateError, Tokenizer
 
 TOOLS = [
     {

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
-from flashstate.tokenizer import DEFAULT_VOCAB_SIZE, ENDOFTEXT_ID, IM_END_ID, write_default_tokenizer
+from flashstate.default_tokenizer import DEFAULT_VOCAB_SIZE, ENDOFTEXT_ID, IM_END_ID, write_default_tokenizer
 
 NUM_LAYERS = 4
 LAYER_TYPES = ["linear_attention", "linear_attention", "linear_attention", "full_attention"]

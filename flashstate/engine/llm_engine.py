@@ -29,13 +29,11 @@ from flashstate.engine.scheduler import ScheduledBatch, Scheduler
 from flashstate.engine.sequence import Sequence
 from flashstate.engine.stop_checker import StopChecker
 from flashstate.models.loader import load_model
+from flashstate.models.spec import DTYPES
 from flashstate.sampling_params import SamplingParams
 from flashstate.tokenizer import Tokenizer
 
 logger = logging.getLogger("flashstate")
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
@@ -61,7 +59,7 @@ class LLMEngine:
             from flashstate.models.presets import default_model_dir
 
             model_dir = str(default_model_dir())
-        dtype = None if config.dtype == "auto" else _DTYPES[config.dtype]
+        dtype = None if config.dtype == "auto" else DTYPES[config.dtype]
         torch.manual_seed(config.seed)
         self.model = load_model(model_dir, dtype=dtype, device=self.device)
         self.spec = self.model.spec

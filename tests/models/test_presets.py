@@ -8,10 +8,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from flashstate.default_tokenizer import DEFAULT_VOCAB_SIZE, IM_END_ID
 from flashstate.models import presets
 from flashstate.models.loader import load_model
+from flashstate.models.param_count import count_parameters
 from flashstate.models.presets import (
-    count_parameters,
     default_model_dir,
     list_presets,
     materialize,
@@ -22,7 +23,7 @@ from flashstate.models.presets import (
 )
 from flashstate.models.registry import build_model
 from flashstate.models.spec import ModelSpec
-from flashstate.tokenizer import DEFAULT_VOCAB_SIZE, IM_END_ID, Tokenizer
+from flashstate.tokenizer import Tokenizer
 from tests.harness import PagedHarness, rel_err
 
 TINY = ["tiny", "tiny-nemotron-h", "tiny-kimi-linear"]

@@ -27,9 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-
-def _l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
-    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+from flashstate.ops.varlen import l2norm, run_varlen
 
 
 def _recurrent_span(
@@ -115,32 +113,21 @@ def _run(span_fn, q, k, v, g, beta, scale, state_pool, state_indices, has_initia
     out_dtype = v.dtype
     q, k, v, g, beta = (x[0].float() for x in (q, k, v, g, beta))
     if use_qk_l2norm_in_kernel:
-        q, k = _l2norm(q), _l2norm(k)
+        q, k = l2norm(q), l2norm(k)
     groups = v.shape[1] // k.shape[1]
     if groups > 1:  # each q/k head serves `groups` consecutive value heads
         q, k = q.repeat_interleave(groups, dim=1), k.repeat_interleave(groups, dim=1)
     q = q * (q.shape[-1] ** -0.5 if scale is None else scale)
 
-    export = [] if export_token_ids is None else export_token_ids.tolist()
-    exported = state_pool.new_empty((len(export), *state_pool.shape[1:]))
-    out = v.new_empty(v.shape)
-    bounds = cu_seqlens.tolist()
-    for i in range(len(bounds) - 1):
-        start, end = bounds[i], bounds[i + 1]
-        slot = int(state_indices[i])
-        if bool(has_initial_state[i]):
-            state = state_pool[slot].to(torch.float32, copy=True)
-        else:
-            state = torch.zeros(state_pool.shape[1:], dtype=torch.float32, device=q.device)
-        mine = [(e, t - start) for e, t in enumerate(export) if start <= t < end]
-        o, state, snaps = span_fn(
-            q[start:end], k[start:end], v[start:end], g[start:end], beta[start:end], state,
-            [t for _, t in mine], chunk_size,
-        )
-        out[start:end] = o
-        for (e, _), snap in zip(mine, snaps, strict=True):
-            exported[e] = snap.to(exported.dtype)
-        state_pool[slot] = state.to(state_pool.dtype)
+    def span(q, k, v, g, beta, s0, rows):
+        o, final, snaps = span_fn(q, k, v, g, beta, s0, rows, chunk_size)
+        return o, final, dict(zip(rows, snaps, strict=True))
+
+    out = torch.empty_like(v)
+    exported = run_varlen(
+        span, (q, k, v, g, beta), out, state_pool=state_pool, state_indices=state_indices,
+        has_initial_state=has_initial_state, cu_seqlens=cu_seqlens, export_token_ids=export_token_ids,
+    )
     return out.to(out_dtype)[None], exported
 
 

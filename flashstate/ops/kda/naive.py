@@ -12,20 +12,10 @@ states right after the flat tokens `export_token_ids` as a side output of the sa
 
 from __future__ import annotations
 
-import bisect
-from collections.abc import Callable
-
 import torch
 from torch import Tensor
 
-# (q, k, v, g, beta [L, H, ...] fp32, q already scaled; S0 [H, K, V]; local export rows)
-#   → (o [L, H, V], final state [H, K, V], {local row: state [H, K, V]})
-_SpanFn = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, list[int]], tuple[Tensor, Tensor, dict]]
-
-
-def l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
-    """x / sqrt(Σx² + eps) over the last dim (FLA's form: eps inside the root, not a clamp)."""
-    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + eps)
+from flashstate.ops.varlen import SpanFn, l2norm, run_varlen
 
 
 def chunk_kda(
@@ -137,7 +127,7 @@ def _chunk(
 
 
 def _varlen(
-    span: _SpanFn,
+    span: SpanFn,
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -151,7 +141,7 @@ def _varlen(
     export_token_ids: Tensor | None,
     use_qk_l2norm: bool,
 ) -> tuple[Tensor, Tensor]:
-    """Split the flat batch into spans, run `span` on each in fp32, scatter states and exports."""
+    """fp32 inputs (q scaled, optionally l2-normalised) for `span` on each sequence."""
     if q.shape[0] != 1:
         raise ValueError(f"varlen inputs must have batch 1, got {q.shape[0]}")
     out_dtype = q.dtype
@@ -159,30 +149,9 @@ def _varlen(
     if use_qk_l2norm:
         q, k = l2norm(q), l2norm(k)
     q = q * (q.shape[-1] ** -0.5 if scale is None else scale)
-    bounds = cu_seqlens.tolist()
-    export = [] if export_token_ids is None else export_token_ids.tolist()
-    per_seq: list[list[tuple[int, int]]] = [[] for _ in range(len(bounds) - 1)]  # (export idx, local row)
-    for e, t in enumerate(export):
-        i = bisect.bisect_right(bounds, t) - 1
-        if not (0 <= i < len(per_seq) and bounds[i] <= t < bounds[i + 1]):
-            raise ValueError(f"export token {t} lies outside the batch's {bounds[-1]} tokens")
-        per_seq[i].append((e, t - bounds[i]))
     o = torch.empty(*v.shape, dtype=torch.float32, device=v.device)
-    exported = state_pool.new_empty((len(export), *state_pool.shape[1:]))
-    for i in range(len(bounds) - 1):
-        start, end = bounds[i], bounds[i + 1]
-        slot = int(state_indices[i])
-        if bool(has_initial_state[i]):
-            s0 = state_pool[slot].float()
-        else:
-            s0 = torch.zeros(state_pool.shape[1:], dtype=torch.float32, device=state_pool.device)
-        if start == end:
-            state_pool[slot] = s0.to(state_pool.dtype)
-            continue
-        rows = [r for _, r in per_seq[i]]
-        sl = slice(start, end)
-        o[sl], final, states = span(q[sl], k[sl], v[sl], g[sl], beta[sl], s0, rows)
-        for e, r in per_seq[i]:
-            exported[e] = states[r].to(state_pool.dtype)
-        state_pool[slot] = final.to(state_pool.dtype)
+    exported = run_varlen(
+        span, (q, k, v, g, beta), o, state_pool=state_pool, state_indices=state_indices,
+        has_initial_state=has_initial_state, cu_seqlens=cu_seqlens, export_token_ids=export_token_ids,
+    )
     return o.to(out_dtype).unsqueeze(0), exported

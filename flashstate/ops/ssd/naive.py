@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from flashstate.ops.varlen import run_varlen
+
 
 def _delta(dt: Tensor, dt_bias: Tensor | None, dt_softplus: bool, dt_limit: tuple[float, float]) -> Tensor:
     """dt: [T, H] → Δ: [T, H] fp32."""
@@ -45,23 +47,6 @@ def _prepare(x, dt, A, B, C, dt_bias, dt_softplus, dt_limit):
     B = B[0].float().repeat_interleave(heads // groups, dim=1)  # [T, H, N]
     C = C[0].float().repeat_interleave(heads // groups, dim=1)
     return x[0].float(), delta, delta * A.float(), B, C
-
-
-def _initial(state_pool: Tensor, slot: int, has_initial: bool) -> Tensor:
-    if has_initial:
-        return state_pool[slot].float()
-    return state_pool.new_zeros(state_pool.shape[1:], dtype=torch.float32)
-
-
-def _exports_by_seq(export_token_ids: Tensor | None, bounds: list[int]) -> list[list[tuple[int, int]]]:
-    """For each sequence: (export index, position inside the span) pairs."""
-    out: list[list[tuple[int, int]]] = [[] for _ in range(len(bounds) - 1)]
-    for e, t in enumerate([] if export_token_ids is None else export_token_ids.tolist()):
-        i = next((i for i in range(len(bounds) - 1) if bounds[i] <= t < bounds[i + 1]), None)
-        if i is None:
-            raise ValueError(f"export token {t} lies outside the batch of {bounds[-1]} tokens")
-        out[i].append((e, t - bounds[i]))
-    return out
 
 
 def chunk_ssd(
@@ -91,19 +76,15 @@ def chunk_ssd(
     each flat token of `export_token_ids`: [E, H, P, N] fp32.
     """
     xs, delta, a, B, C = _prepare(x, dt, A, B, C, dt_bias, dt_softplus, dt_limit)
-    bounds = cu_seqlens.tolist()
-    exports = _exports_by_seq(export_token_ids, bounds)
-    y = torch.empty_like(xs)
-    exported = state_pool.new_empty((sum(map(len, exports)), *state_pool.shape[1:]), dtype=torch.float32)
     q = chunk_size
     tril = torch.ones(q, q, dtype=torch.bool, device=x.device).tril()
-    for i in range(len(bounds) - 1):
-        start, end = bounds[i], bounds[i + 1]
-        n = end - start
-        pad = -n % q
+
+    def span(xs, delta, a, B, C, state, rows):
+        n = xs.shape[0]
+
         # Padded tokens carry Δ = 0: no decay, no input, so they change nothing.
-        def chunks(t: Tensor, start=start, end=end, pad=pad) -> Tensor:
-            t = F.pad(t[start:end], (0, 0) * (t.dim() - 1) + (0, pad))
+        def chunks(t: Tensor) -> Tensor:
+            t = F.pad(t, (0, 0) * (t.dim() - 1) + (0, -n % q))
             return t.reshape(-1, q, *t.shape[1:])
 
         xd = chunks(xs * delta[..., None])  # [c, Q, H, P]  Δ_s x_s
@@ -114,21 +95,31 @@ def chunk_ssd(
         y_intra = torch.einsum("clsh,cshp->clhp", scores, xd)
         to_end = (lam[:, -1:, :] - lam).exp()  # [c, Q, H]
         local = torch.einsum("clh,clhp,clhn->chpn", to_end, xd, Bc)  # chunk's own contribution
-        state = _initial(state_pool, int(state_indices[i]), bool(has_initial_state[i]))
         starts = []
         for c in range(local.shape[0]):  # inter-chunk state passing
             starts.append(state)
             state = lam[c, -1, :, None, None].exp() * state + local[c]
         starts_t = torch.stack(starts)  # [c, H, P, N]
         y_inter = torch.einsum("clhn,chpn->clhp", Cc, starts_t) * lam.exp()[..., None]
-        y[start:end] = (y_intra + y_inter).flatten(0, 1)[:n]
-        state_pool[int(state_indices[i])] = state.to(state_pool.dtype)
-        if exports[i]:
-            idx = torch.tensor([e for e, _ in exports[i]], device=x.device)
-            pos = torch.tensor([p for _, p in exports[i]], device=x.device)
+        snaps = {}
+        if rows:
+            pos = torch.tensor(rows, device=xs.device)
             c, l = pos // q, pos % q
             inner = torch.einsum("esh,eshp,eshn->ehpn", decay[c, l], xd[c], Bc[c])
-            exported[idx] = lam[c, l].exp()[:, :, None, None] * starts_t[c] + inner
+            snaps = dict(zip(rows, lam[c, l].exp()[:, :, None, None] * starts_t[c] + inner, strict=True))
+        return (y_intra + y_inter).flatten(0, 1)[:n], state, snaps
+
+    return _finish(span, x, xs, delta, a, B, C, D, state_pool, state_indices, has_initial_state, cu_seqlens,
+                   export_token_ids)
+
+
+def _finish(span, x, xs, delta, a, B, C, D, state_pool, state_indices, has_initial_state, cu_seqlens,
+            export_token_ids) -> tuple[Tensor, Tensor]:
+    y = torch.empty_like(xs)
+    exported = run_varlen(
+        span, (xs, delta, a, B, C), y, state_pool=state_pool, state_indices=state_indices,
+        has_initial_state=has_initial_state, cu_seqlens=cu_seqlens, export_token_ids=export_token_ids,
+    )
     if D is not None:
         y = y + D.float()[:, None] * xs
     return y.to(x.dtype)[None], exported
@@ -153,22 +144,17 @@ def fused_recurrent_ssd(
 ) -> tuple[Tensor, Tensor]:
     """Token-by-token SSD (the decode form); same arguments, shapes and results as `chunk_ssd`."""
     xs, delta, a, B, C = _prepare(x, dt, A, B, C, dt_bias, dt_softplus, dt_limit)
-    bounds = cu_seqlens.tolist()
-    exports = _exports_by_seq(export_token_ids, bounds)
-    y = torch.empty_like(xs)
-    exported = state_pool.new_empty((sum(map(len, exports)), *state_pool.shape[1:]), dtype=torch.float32)
-    for i in range(len(bounds) - 1):
-        start, end = bounds[i], bounds[i + 1]
-        wanted = {p: e for e, p in exports[i]}
-        state = _initial(state_pool, int(state_indices[i]), bool(has_initial_state[i]))
-        for t in range(start, end):
+
+    def span(xs, delta, a, B, C, state, rows):
+        wanted, y, snaps = set(rows), torch.empty_like(xs), {}
+        for t in range(xs.shape[0]):
             # S = exp(Δ A) S + (Δ x) ⊗ B;  y = S C
             dx = delta[t, :, None] * xs[t]  # [H, P]
             state = a[t, :, None, None].exp() * state + dx[..., None] * B[t, :, None, :]
             y[t] = torch.einsum("hpn,hn->hp", state, C[t])
-            if t - start in wanted:
-                exported[wanted[t - start]] = state
-        state_pool[int(state_indices[i])] = state.to(state_pool.dtype)
-    if D is not None:
-        y = y + D.float()[:, None] * xs
-    return y.to(x.dtype)[None], exported
+            if t in wanted:
+                snaps[t] = state
+        return y, state, snaps
+
+    return _finish(span, x, xs, delta, a, B, C, D, state_pool, state_indices, has_initial_state, cu_seqlens,
+                   export_token_ids)
