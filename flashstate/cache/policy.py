@@ -6,8 +6,8 @@ slot alone.
 
 `flashstate` (this project, DESIGN.md §2):
     placement  frontier checkpoint at each request's end (the last token whose KV is computed), and
-               prefill exports at the branch point where the prompt leaves the cached path, at the
-               prompt end, and at chat-message ends;
+               prefill exports at the branch point where the prompt leaves the cached path, at
+               chat-message ends, and at the prompt end when the frontier checkpoint is off;
     eviction   Greedy-Dual-Size: H = L + saved / bytes, saved = C(depth) − C(depth of the checkpoint
                that would remain); L rises to the H of each evicted unit; a hit re-stamps the unit
                with the current L. Admission of a new checkpoint compares the same H. With leaf
@@ -66,7 +66,10 @@ class Policy:
             return sorted(p for p in {last, junction} if p > match.depth)
         if not self.prefill_export:
             return []
-        wanted = {prompt, *seq.hint_positions}
+        # The prompt end matters only without a frontier checkpoint: with one, the request's end sits a
+        # reply's length below it and serves every continuation; an interior checkpoint there would only
+        # make the frontier look cheap (it would save just the reply's tokens over it).
+        wanted = {*seq.hint_positions} if self.frontier else {prompt, *seq.hint_positions}
         if match.kv_depth > match.depth:
             wanted.add(min(match.kv_depth, prompt))
         return sorted(p for p in wanted if match.depth < p <= prompt)
