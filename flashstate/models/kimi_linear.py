@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from flashstate.layers.metadata import ForwardMetadata
+from flashstate.layers.router import GroupedTopkRouter
 from flashstate.models.base import AttentionMixer, HybridForCausalLM, LinearMixer
 from flashstate.models.spec import AttentionSpec, LinearSpec, ModelSpec, MoeSpec
 from flashstate.ops.attention.naive import paged_attention, store_kv
@@ -89,37 +90,10 @@ class Expert(nn.Module):
         return self.w2(self.act(self.w1(x)) * self.w3(x))
 
 
-class Router(nn.Module):
-    """Sigmoid scores; the choice adds `e_score_correction_bias` and keeps the `topk_group` best groups
-    (a group's score: the sum of its two best); weights are the chosen raw scores, renormalised, scaled."""
-
-    def __init__(self, hidden: int, moe: MoeSpec):
-        super().__init__()
-        self.moe = moe
-        self.weight = nn.Parameter(torch.empty(moe.num_experts, hidden))
-        self.register_buffer("e_score_correction_bias", torch.zeros(moe.num_experts))
-
-    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """x: [T, D] → (weights [T, top_k] fp32, expert ids [T, top_k])."""
-        m = self.moe
-        scores = F.linear(x.float(), self.weight.float()).sigmoid()  # [T, E]
-        choice = scores + self.e_score_correction_bias.float()
-        grouped = choice.view(x.shape[0], m.n_group, -1)
-        group_scores = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(-1)  # [T, n_group]
-        keep = torch.zeros_like(group_scores, dtype=torch.bool)
-        keep.scatter_(1, group_scores.topk(m.topk_group, dim=-1).indices, True)
-        choice = choice.masked_fill(~keep.repeat_interleave(grouped.shape[-1], dim=1), float("-inf"))
-        ids = choice.topk(m.top_k, dim=-1).indices
-        weights = scores.gather(1, ids)
-        if m.norm_topk_prob:
-            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
-        return weights * m.routed_scaling_factor, ids
-
-
 class SparseMoe(nn.Module):
     def __init__(self, hidden: int, moe: MoeSpec):
         super().__init__()
-        self.gate = Router(hidden, moe)
+        self.gate = GroupedTopkRouter(hidden, moe)
         self.experts = nn.ModuleList(
             Expert(hidden, moe.intermediate_size, moe.act) for _ in range(moe.num_experts)
         )

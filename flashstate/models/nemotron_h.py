@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from flashstate.layers.metadata import ForwardMetadata
+from flashstate.layers.router import GroupedTopkRouter
 from flashstate.models.base import AttentionMixer, HybridForCausalLM, LinearMixer
 from flashstate.models.spec import AttentionSpec, LinearSpec, ModelSpec, MoeSpec
 from flashstate.ops.attention.naive import paged_attention, store_kv
@@ -167,52 +168,13 @@ class MLP(nn.Module):
         return self.down_proj(self.act(self.up_proj(x)))
 
 
-class TopkRouter(nn.Module):
-    """Sigmoid scores; experts chosen by score + correction bias inside the best `topk_group` of `n_group`
-    groups (a group ranked by the sum of its two best biased scores); weights are the unbiased scores,
-    renormalised if `norm_topk_prob`, times `routed_scaling_factor`. All fp32."""
-
-    def __init__(self, hidden: int, moe: MoeSpec):
-        super().__init__()
-        self.moe = moe
-        self.weight = nn.Parameter(torch.zeros(moe.num_experts, hidden))
-        self.register_buffer("e_score_correction_bias", torch.zeros(moe.num_experts))
-
-    def _apply(self, fn, recurse=True):
-        # The correction bias stays fp32 whatever dtype the model is cast to (HF keeps it fp32 too): a
-        # rounded bias can change which experts are picked.
-        bias = self._buffers.pop("e_score_correction_bias")
-        super()._apply(fn, recurse)
-        moved = fn(bias)
-        if moved.dtype != bias.dtype:
-            moved = bias.to(moved.device)
-        self._buffers["e_score_correction_bias"] = moved
-        return self
-
-    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """x: [T, D] → (weights [T, k] fp32, expert ids [T, k])."""
-        m = self.moe
-        scores = F.linear(x.float(), self.weight.float()).sigmoid()
-        choice = scores + self.e_score_correction_bias.float()
-        grouped = choice.unflatten(-1, (m.n_group, -1))  # [T, n_group, experts per group]
-        best_groups = grouped.topk(2, dim=-1).values.sum(-1).topk(m.topk_group, dim=-1).indices
-        keep = torch.zeros(grouped.shape[:2], dtype=torch.bool, device=x.device)
-        keep.scatter_(1, best_groups, True)
-        choice = choice.masked_fill(~keep.repeat_interleave(grouped.shape[-1], dim=1), float("-inf"))
-        ids = choice.topk(m.top_k, dim=-1).indices
-        weights = scores.gather(1, ids)
-        if m.norm_topk_prob:
-            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
-        return weights * m.routed_scaling_factor, ids
-
-
 class MoE(nn.Module):
     """Routed ReLU² experts (optionally in a projected latent space) plus an always-on shared expert."""
 
     def __init__(self, hidden: int, moe: MoeSpec, bias: bool):
         super().__init__()
         width = moe.latent_size or hidden
-        self.gate = TopkRouter(hidden, moe)
+        self.gate = GroupedTopkRouter(hidden, moe)
         self.experts = nn.ModuleList(
             MLP(width, moe.intermediate_size, moe.act, bias=False) for _ in range(moe.num_experts)
         )
