@@ -303,7 +303,7 @@ def test_template_sources(tmp_path):
 
 
 def test_transformers_reads_the_same_directory(tmp_path, tok):
-    transformers = pytest.importorskip("transformers")
+    import transformers
     hf = transformers.AutoTokenizer.from_pretrained(str(write_default_tokenizer(tmp_path)))
     assert hf.eos_token_id == IM_END_ID and hf.pad_token_id == ENDOFTEXT_ID
     text = "naïve café 日本 🎉 <|im_end|> def f():\n\treturn 1"

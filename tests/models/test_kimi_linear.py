@@ -2,14 +2,13 @@ import math
 
 import pytest
 import torch
+import transformers
 from safetensors.torch import load_file, save_file
 
 from flashstate.models.kimi_linear import KimiLinearForCausalLM
 from flashstate.models.loader import load_model
 from flashstate.models.spec import ModelSpec
 from tests.harness import PagedHarness, rel_err
-
-transformers = pytest.importorskip("transformers")
 
 VOCAB = 96
 BASE = dict(

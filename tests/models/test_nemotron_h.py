@@ -2,13 +2,12 @@ import math
 
 import pytest
 import torch
+import transformers
 
 from flashstate.models.loader import load_model
 from flashstate.models.nemotron_h import NemotronHForCausalLM
 from flashstate.models.spec import ModelSpec
 from tests.harness import PagedHarness, rel_err
-
-transformers = pytest.importorskip("transformers")
 
 VOCAB = 96
 # M = Mamba2, * = attention, - = MLP, E = MoE.

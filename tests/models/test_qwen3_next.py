@@ -2,12 +2,11 @@
 
 import pytest
 import torch
+import transformers
 
 from flashstate.models.loader import load_model
 from flashstate.models.qwen3_next import Qwen3NextForCausalLM
 from tests.harness import PagedHarness, rel_err
-
-transformers = pytest.importorskip("transformers")
 
 LAYER_TYPES = ["linear_attention", "full_attention", "linear_attention", "linear_attention", "full_attention"]
 COMMON = dict(
