@@ -67,10 +67,7 @@ class CacheManager:
         if slot is None:
             return False
         seq.state_slot = slot
-        first = seq.stats.first_scheduled_time is None and seq.stats.num_preemptions == 0
         if not self.enabled:
-            if first:
-                self._count_query(seq, 0)
             return True
         match = self.tree.match(seq.token_ids, limit=len(seq.token_ids) - 1)
         self._lock(match.node, +1)  # from here on nothing on the hit path can be evicted
@@ -91,14 +88,18 @@ class CacheManager:
                 seq.block_table.extend(copy)
                 self.state_pool.copy(match.node.slot, slot)
                 self.policy.stamp(match.node, self._clock())
-        depth = seq.num_computed_tokens = match.depth
+        seq.num_computed_tokens = match.depth
         seq.cache_handle = match.node
         seq.export_plan = self.policy.plan_exports(seq, match)
-        if first:
-            self._count_query(seq, depth)
         return True
 
-    def _count_query(self, seq: Sequence, depth: int) -> None:
+    def record_admission(self, seq: Sequence) -> None:
+        """Count a request's prefix-cache lookup once, when it is first admitted for good (an admission
+        undone for lack of blocks, or a re-admission after preemption, does not count)."""
+        if seq.stats.cache_counted:
+            return
+        seq.stats.cache_counted = True
+        depth = seq.num_computed_tokens
         s = self.stats
         s.queries += 1
         s.query_tokens += seq.num_prompt_tokens

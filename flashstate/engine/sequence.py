@@ -32,6 +32,7 @@ class RequestStats:
     finished_time: float | None = None
     prefill_seconds: float = 0.0  # model time spent on this request's prompt chunks
     num_preemptions: int = 0
+    cache_counted: bool = False  # the prefix-cache lookup is in the cache's counters
 
     @property
     def ttft(self) -> float | None:

@@ -91,6 +91,7 @@ class CacheMachine(RuleBasedStateMachine):
         if not self.cache.admit(seq):
             return
         self.waiting.pop(0)
+        self.cache.record_admission(seq)
         depth = seq.num_computed_tokens
         assert depth <= len(seq.token_ids) - 1
         if depth:

@@ -52,6 +52,8 @@ def test_fifo_head_is_never_skipped():
     # "first" takes 2 blocks; "big" needs 5 of the 4 left and waits — "small" must not jump ahead of it.
     assert [s.request_id for s in batch.seqs] == ["first"]
     assert [s.request_id for s in sched.waiting] == ["big", "small"]
+    sched.schedule()  # "big" is tried (and undone) again
+    assert sched.cache.stats.queries == 1, "an undone admission must not count as a cache lookup"
     sched.check_integrity()
 
 
