@@ -97,7 +97,10 @@ def _calibrate(config: EngineConfig, max_tokens: int | None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"flashstate: error: {e}", file=sys.stderr)
         return 2
-    limit = min(engine.max_model_len, engine.plan.num_blocks * config.block_size, max_tokens or 32768)
+    cache_tokens = engine.plan.num_blocks * config.block_size
+    limit = calibration.max_calibration_tokens(
+        engine.device, engine.max_model_len, cache_tokens, max_tokens or 32768
+    )
     runner = engine.runner
     cost, detail = calibration.calibrate(
         engine.model, runner.caches, config.block_size, config.max_num_batched_tokens, limit, engine.device

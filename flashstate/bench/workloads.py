@@ -241,9 +241,7 @@ def load_mooncake(
     A turn's think time is its `delay` (ms), else the gap between its `timestamp` and the previous turn's
     (which includes the previous turn's service time: an upper bound)."""
     sessions: dict[str, list[tuple[float | None, Request]]] = {}
-    n_files = 0
     for f in _trace_files(Path(path), (".jsonl", ".jsonl.gz")):
-        n_files += 1
         opener = gzip.open if f.name.endswith(".gz") else open
         try:
             with opener(f, "rt", encoding="utf-8") as fh:

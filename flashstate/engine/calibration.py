@@ -58,6 +58,14 @@ def time_prefill(
     return statistics.median(times[1:])
 
 
+def max_calibration_tokens(
+    device: torch.device, max_model_len: int, cache_tokens: int, asked: int | None = None
+) -> int:
+    """The longest prefill to time: what fits, capped (by default 1k tokens on CPU, 32k on GPU)."""
+    cap = asked or (1024 if device.type == "cpu" else 32768)
+    return min(max_model_len, cache_tokens, cap)
+
+
 def calibration_lengths(max_tokens: int) -> list[int]:
     lengths, n = [], 128
     while n <= max_tokens and len(lengths) < 7:

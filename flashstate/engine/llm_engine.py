@@ -22,7 +22,7 @@ from flashstate.cache.policy import build_policy
 from flashstate.cache.state_pool import StatePool
 from flashstate.config import EngineConfig
 from flashstate.engine.cache_tensors import CacheTensors
-from flashstate.engine.calibration import load_or_calibrate
+from flashstate.engine.calibration import load_or_calibrate, max_calibration_tokens
 from flashstate.engine.model_runner import ModelRunner
 from flashstate.engine.outputs import RequestOutput
 from flashstate.engine.scheduler import ScheduledBatch, Scheduler
@@ -34,6 +34,7 @@ from flashstate.sampling_params import SamplingParams
 from flashstate.tokenizer import Tokenizer
 
 logger = logging.getLogger("flashstate")
+
 
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
@@ -97,8 +98,9 @@ class LLMEngine:
         gds = c.cache_policy == "flashstate" and (c.prefix_cache_eviction or "gds") == "gds"
         if not (c.prefix_caching and gds):
             return DEFAULT_COST
-        cap = 1024 if self.device.type == "cpu" else 32768
-        max_tokens = min(self.max_model_len, self.plan.num_blocks * c.block_size, cap)
+        max_tokens = max_calibration_tokens(
+            self.device, self.max_model_len, self.plan.num_blocks * c.block_size
+        )
         return load_or_calibrate(
             self.model,
             caches,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from flashstate.layers.sampler import request_generator
 from flashstate.sampling_params import SamplingParams
 
 
@@ -64,8 +65,8 @@ class Sequence:
         if not self.num_prompt_tokens:
             self.num_prompt_tokens = len(self.token_ids)
         self.stats.num_prompt_tokens = self.num_prompt_tokens
-        if self.params.seed is not None and self.generator is None:
-            self.generator = torch.Generator().manual_seed(self.params.seed)
+        if self.generator is None:
+            self.generator = request_generator(self.params)
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -35,13 +35,7 @@ class ForwardMetadata:
     has_initial_state: Tensor  # [N] bool
     export_token_ids: Tensor  # [E] int64, flat token index; the state after that token
     export_slots: Tensor  # [E] int64
-    # Host copies of the lengths, for reference ops that loop over sequences.
-    query_lens_cpu: list[int]
-    context_lens_cpu: list[int]
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.query_lens_cpu)
+    query_lens_cpu: list[int]  # host copy, for the decode check and reference ops
 
     @property
     def num_tokens(self) -> int:
@@ -116,5 +110,4 @@ class ForwardMetadata:
             export_token_ids=t(export_ids),
             export_slots=t(export_slots),
             query_lens_cpu=list(query_lens),
-            context_lens_cpu=list(context_lens),
         )
