@@ -48,6 +48,7 @@ class EngineConfig:
     api_key: str | None = None
     max_waiting_requests: int = 1024  # beyond this the server answers 503
     tensor_parallel_size: int = 1
+    enforce_eager: bool = False  # no CUDA graphs for decode
     max_request_body_bytes: int = 32 << 20  # larger request bodies get 413
 
     @property

@@ -84,6 +84,8 @@ class LLMEngine:
             self.cache, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len
         )
         self.runner = ModelRunner(self.model, caches, config.block_size, self.device)
+        if not config.enforce_eager:
+            self.runner.capture_graphs(config.max_num_seqs, -(-self.max_model_len // config.block_size))
         self.requests: dict[str, _Request] = {}
         self._ids = itertools.count()
         logger.info(
