@@ -36,6 +36,10 @@ class Qwen3NextRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: Tensor) -> Tensor:
+        if x.is_cuda:
+            from flashstate.ops.norm.triton import rms_norm
+
+            return rms_norm(x, self.weight, self.eps, offset=1.0)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return (h * (1.0 + self.weight.float())).to(x.dtype)
@@ -50,6 +54,10 @@ class Qwen3NextRMSNormGated(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor, z: Tensor) -> Tensor:
+        if x.is_cuda:
+            from flashstate.ops.norm.triton import gated_rms_norm
+
+            return gated_rms_norm(x, z, self.weight, self.eps)
         h = x.float()
         h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
         return (self.weight * h * F.silu(z.float())).to(x.dtype)
