@@ -141,7 +141,23 @@ def check_greedy_paths(llm: LLM, out: dict) -> None:
     }
 
 
-def bench_prefill(model_dir: Path, lengths: list[int], ceiling: float, out: dict) -> None:
+def profile_step(llm: LLM, ids: list[int], params: SamplingParams) -> None:
+    """Where one prefill step's GPU time goes: $OUT/profile_prefill_<n>.txt, the top kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    llm.engine.add_request(ids, params)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        llm.engine.step()
+        torch.cuda.synchronize()
+    while llm.engine.has_unfinished():
+        llm.engine.step()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70)
+    (Path(os.environ.get("OUT", ".")) / f"profile_prefill_{len(ids)}.txt").write_text(table)
+
+
+def bench_prefill(
+    model_dir: Path, lengths: list[int], ceiling: float, out: dict, profile_at: int = 32768
+) -> None:
     rows = []
     for n in lengths:
         llm = make_llm(
@@ -166,6 +182,8 @@ def bench_prefill(model_dir: Path, lengths: list[int], ceiling: float, out: dict
                 llm.engine.step()
         s = min(seconds)
         flops = prefill_flops(llm, n)
+        if n == profile_at:
+            profile_step(llm, prompt(n, 20), params)
         rows.append(
             {
                 "tokens": n,
