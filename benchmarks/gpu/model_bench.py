@@ -166,6 +166,7 @@ def bench_prefill(
             max_num_batched_tokens=n,
             max_model_len=n + 16,
             max_num_seqs=4,
+            kv_cache_memory_bytes=16 << 30,
         )
         params = SamplingParams(max_tokens=1, **GREEDY)
         llm.generate([prompt(min(n, 2048), 9)], params)
@@ -201,7 +202,12 @@ def bench_prefill(
 def bench_export(model_dir: Path, n: int, out: dict) -> None:
     """One n-token prefill forward with 0 vs 4 exported states (model forward only, same batch)."""
     llm = make_llm(
-        model_dir, enable_prefix_caching=False, max_num_batched_tokens=n, max_model_len=n + 16, max_num_seqs=8
+        model_dir,
+        enable_prefix_caching=False,
+        max_num_batched_tokens=n,
+        max_model_len=n + 16,
+        max_num_seqs=8,
+        kv_cache_memory_bytes=16 << 30,
     )
     engine = llm.engine
     bs = engine.config.block_size
