@@ -17,9 +17,9 @@ from torch import Tensor, nn
 from flashstate.layers.metadata import ForwardMetadata
 from flashstate.models.base import AttentionMixer, HybridForCausalLM, LinearMixer
 from flashstate.models.spec import AttentionSpec, LinearSpec, ModelSpec, MoeSpec, UnsupportedModelError
-from flashstate.ops.attention.naive import paged_attention, store_kv
-from flashstate.ops.gated_delta_rule.naive import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
-from flashstate.ops.short_conv.naive import causal_conv1d
+from flashstate.ops.attention import paged_attention, store_kv
+from flashstate.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+from flashstate.ops.short_conv import causal_conv1d
 
 
 def _check_act(act: str) -> None:
