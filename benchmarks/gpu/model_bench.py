@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -357,6 +358,7 @@ def main() -> None:
             fn()
         except Exception as e:  # one failing part must not hide the others' numbers
             out[f"{name}_error"] = f"{type(e).__name__}: {e}"
+            out[f"{name}_traceback"] = traceback.format_exc()
         out[f"{name}_wall_s"] = time.perf_counter() - t
         torch.cuda.empty_cache()
     path = Path(os.environ.get("OUT", ".")) / f"model_bench_{a.preset}.json"
@@ -388,7 +390,7 @@ def main() -> None:
             print(k, {x: y for x, y in out[k].items() if "tokens" not in x})
     for k, v in out.items():
         if k.endswith("_error"):
-            print("ERROR", k, v)
+            print("ERROR", k, v, out[k.replace("_error", "_traceback")].splitlines()[-4:])
 
 
 if __name__ == "__main__":

@@ -48,9 +48,10 @@ def chunk_kda(
         raise ValueError(f"varlen inputs must have batch 1, got {q.shape[0]}")
     cu = cu_seqlens.to(device=q.device, dtype=torch.long)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    # FLA views its inputs flat: the model hands in strided slices of one projection.
+    q, k, v, beta = (x.contiguous() for x in (q, k, v, beta))
     if use_qk_l2norm_in_kernel:
         q, k = l2norm_fwd(q)[0], l2norm_fwd(k)[0]
-    q, k, v, beta = (x.contiguous() for x in (q, k, v, beta))
     h0 = gather_states(state_pool, state_indices, has_initial_state)
     chunks = prepare_chunk_indices(cu, FLA_CHUNK)
     g_cum = chunk_local_cumsum(
