@@ -21,6 +21,7 @@ import os
 import sys
 import time
 import traceback
+from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -31,6 +32,7 @@ from smoke import ceilings  # noqa: E402
 
 from flashstate import LLM, SamplingParams  # noqa: E402
 from flashstate.engine.cache_tensors import kv_bytes_per_block, state_bytes_per_slot  # noqa: E402
+from flashstate.engine.outputs import RequestOutput  # noqa: E402
 from flashstate.layers.metadata import ForwardMetadata  # noqa: E402
 from flashstate.models.presets import preset_dir  # noqa: E402
 
@@ -115,31 +117,77 @@ def check_oracle(model_dir: Path, out: dict) -> None:
     }
 
 
-def check_greedy_paths(llm: LLM, out: dict) -> None:
-    """Cold run vs prefix hit at an arbitrary depth vs restore from a state exported inside a chunk."""
-    params = SamplingParams(max_tokens=24, **GREEDY)
+def _divergence(a: list[int], b: list[int]) -> int | None:
+    """Index of the first differing token; None when equal."""
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+def _greedy_paths(model_dir: Path, dtype: str) -> dict:
+    llm = make_llm(
+        model_dir, dtype=dtype, max_num_batched_tokens=8192, max_model_len=8192, kv_cache_memory_bytes=8 << 30
+    )
+    engine = llm.engine
+    first_logits: dict[str, torch.Tensor] = {}
+
+    def run(ids: list[int], max_tokens: int = 24, positions: list[int] | None = None) -> RequestOutput:
+        rid = engine.add_request(
+            ids, SamplingParams(max_tokens=max_tokens, **GREEDY), checkpoint_positions=positions
+        )
+        seen: list[torch.Tensor] = []
+
+        def hook(ids_: list[str], logits: torch.Tensor) -> None:
+            if rid in ids_:
+                seen.append(logits[ids_.index(rid)].float().cpu())
+
+        engine.runner.on_logits = hook
+        final = None
+        while engine.has_unfinished():
+            for o in engine.step():
+                if o.request_id == rid and o.finished:
+                    final = o
+        engine.runner.on_logits = None
+        first_logits[rid] = seen[0]
+        return final
+
+    def compare(x: RequestOutput, y: RequestOutput) -> dict:
+        lx, ly = first_logits[x.request_id], first_logits[y.request_id]
+        return {
+            "equal": x.token_ids == y.token_ids,
+            "first_divergence": _divergence(x.token_ids, y.token_ids),
+            "first_logits_rel_diff": float((lx - ly).norm() / ly.norm()),
+        }
+
     a = prompt(1237, 2)
-    first = llm.generate([a], SamplingParams(max_tokens=5, **GREEDY))[0]
+    first = run(a, 5)
     follow = a + first.token_ids + prompt(301, 3)
-    hit = llm.generate([follow], params)[0]
-    llm.engine.reset_prefix_cache()
-    cold = llm.generate([follow], params)[0]
-    llm.engine.reset_prefix_cache()
+    hit = run(follow)
+    engine.reset_prefix_cache()
+    cold = run(follow)
+    engine.reset_prefix_cache()
     long = prompt(5000, 4)
-    llm.engine.add_request(long, SamplingParams(max_tokens=1, **GREEDY), checkpoint_positions=[3333])
-    while llm.engine.has_unfinished():
-        llm.engine.step()
+    run(long, 1, positions=[3333])
     branch = long[:3333] + prompt(257, 5)
-    exported = llm.generate([branch], params)[0]
-    llm.engine.reset_prefix_cache()
-    branch_cold = llm.generate([branch], params)[0]
-    llm.engine.reset_prefix_cache()
-    out["greedy_paths"] = {
+    exported = run(branch)
+    engine.reset_prefix_cache()
+    branch_cold = run(branch)
+    return {
         "hit_depth": hit.num_cached_tokens,
-        "hit_equals_cold": hit.token_ids == cold.token_ids,
+        "hit_vs_cold": compare(hit, cold),
         "export_depth": exported.num_cached_tokens,
-        "export_equals_cold": exported.token_ids == branch_cold.token_ids,
+        "export_vs_cold": compare(exported, branch_cold),
     }
+
+
+def check_greedy_paths(model_dir: Path, out: dict) -> None:
+    """Cold run vs prefix hit at an arbitrary depth vs restore from a state exported inside a chunk, for
+    bf16 weights and for fp32 weights (states are fp32 in both). For each pair: equal greedy tokens, else
+    the first differing step; and the relative difference of the first step's logits."""
+    out["greedy_paths"] = {}
+    for label, dtype in (("bf16", "bfloat16"), ("fp32", "float32")):
+        out["greedy_paths"][label] = _greedy_paths(model_dir, dtype)
+        torch.cuda.empty_cache()
 
 
 def profile_step(llm: LLM, ids: list[int], params: SamplingParams) -> None:
@@ -241,9 +289,26 @@ def bench_export(model_dir: Path, n: int, out: dict) -> None:
     torch.cuda.empty_cache()
 
 
+def _timed(obj, name: str, totals: dict[str, float], key: str) -> None:
+    """Wrap obj.name so its wall time accumulates in totals[key]."""
+    fn = getattr(obj, name)
+
+    def wrapper(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            totals[key] += time.perf_counter() - t
+
+    setattr(obj, name, wrapper)
+
+
 def bench_decode(model_dir: Path, batches: list[int], context: int, copy_rate: float, out: dict) -> None:
     """`b` sequences decoding at `context` tokens: they share one 32k-token cached prefix (a prefix hit each,
-    so building the batch costs one prefill), then each decodes; every step goes through engine.step()."""
+    so building the batch costs one prefill), then each decodes; every step goes through engine.step().
+    The step is split into: scheduling, the runner (its graph/eager forward, then sampling, whose result
+    read waits for the GPU), and postprocessing (stop checks, detokenisation, outputs); the graph replay
+    alone is timed with CUDA events afterwards, on the batch's own inputs."""
     rows = []
     for eager in (False, True):
         llm = make_llm(
@@ -255,6 +320,11 @@ def bench_decode(model_dir: Path, batches: list[int], context: int, copy_rate: f
             kv_cache_memory_bytes=40 << 30,
         )
         engine = llm.engine
+        totals: dict[str, float] = defaultdict(float)
+        _timed(engine.scheduler, "schedule", totals, "schedule")
+        _timed(engine.runner, "run", totals, "runner")
+        _timed(engine.runner.sampler, "forward", totals, "sampler")
+        _timed(engine, "_postprocess", totals, "postprocess")
         base = prompt(context - 1, 12)
         llm.generate([base], SamplingParams(max_tokens=1, **GREEDY))
         graphs = engine.runner.graphs
@@ -268,8 +338,15 @@ def bench_decode(model_dir: Path, batches: list[int], context: int, copy_rate: f
             ):
                 engine.step()
             torch.cuda.synchronize()
-            gpu = []
-            if graphs is not None:
+            totals.clear()
+            start = time.perf_counter()
+            for _ in range(steps):
+                engine.step()
+            torch.cuda.synchronize()
+            step = (time.perf_counter() - start) / steps
+            parts = {k: v / steps for k, v in totals.items()}
+            replay_s = None
+            if graphs is not None:  # the static buffers hold this batch's last decode step
                 replay = graphs._graphs[next(s for s in graphs.sizes if s >= b)]
                 ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
                 ev[0].record()
@@ -277,19 +354,14 @@ def bench_decode(model_dir: Path, batches: list[int], context: int, copy_rate: f
                     replay.replay()
                 ev[1].record()
                 torch.cuda.synchronize()
-                gpu.append(ev[0].elapsed_time(ev[1]) / 10 / 1e3)
-            start = time.perf_counter()
-            for _ in range(steps):
-                engine.step()
-            torch.cuda.synchronize()
-            step = (time.perf_counter() - start) / steps
-            while engine.has_unfinished():
-                engine.step()
+                replay_s = ev[0].elapsed_time(ev[1]) / 10 / 1e3
+            for seq in list(engine.scheduler.running):  # the replays above advanced their states: drop them
+                engine.abort(seq.request_id)
             spec = engine.spec
             weights = sum(p.numel() * p.element_size() for p in engine.model.parameters())
             kv = kv_bytes_per_block(spec, 1, engine.dtype) * (context + 40) * b
             states = 2 * state_bytes_per_slot(spec, engine.dtype) * b
-            floor = (weights + kv + states) / (copy_rate / 2)  # copy_rate counts read + write
+            floor = (weights + kv + states) / copy_rate  # copy_rate: bytes moved (read + written) per second
             row = {
                 "batch": b,
                 "context": context,
@@ -297,10 +369,12 @@ def bench_decode(model_dir: Path, batches: list[int], context: int, copy_rate: f
                 "step_s": step,
                 "floor_s": floor,
                 "step_over_floor": step / floor,
+                "parts_s": parts,
             }
-            if gpu:
-                row["graph_replay_s"] = gpu[0]
-                row["host_overhead"] = 1 - gpu[0] / step
+            if replay_s is not None:
+                row["graph_replay_s"] = replay_s
+                row["replay_over_floor"] = replay_s / floor
+                row["host_overhead"] = 1 - replay_s / step
             rows.append(row)
         del llm
         torch.cuda.empty_cache()
@@ -323,15 +397,7 @@ def main() -> None:
     out["materialize_s"] = time.perf_counter() - start
     steps = [
         ("oracle", lambda: check_oracle(model_dir, out)),
-        (
-            "paths",
-            lambda: check_greedy_paths(
-                make_llm(
-                    model_dir, max_num_batched_tokens=8192, max_model_len=8192, kv_cache_memory_bytes=8 << 30
-                ),
-                out,
-            ),
-        ),
+        ("paths", lambda: check_greedy_paths(model_dir, out)),
         (
             "prefill",
             lambda: bench_prefill(
@@ -374,7 +440,13 @@ def main() -> None:
             f"{r['fraction_of_matmul']:.1%} of matmul"
         )
     for r in out.get("decode", []):
-        extra = f"  host {r['host_overhead']:.1%}" if "host_overhead" in r else ""
+        extra = ""
+        if "host_overhead" in r:
+            extra = (
+                f"  replay {r['graph_replay_s'] * 1e3:.2f} ms (×{r['replay_over_floor']:.2f})"
+                f" host {r['host_overhead']:.1%}"
+            )
+        extra += "  " + " ".join(f"{k} {v * 1e3:.2f}" for k, v in r["parts_s"].items())
         print(
             f"decode b={r['batch']:>3} graphs={r['cuda_graphs']!s:5}: {r['step_s'] * 1e3:7.2f} ms/step  "
             f"floor {r['floor_s'] * 1e3:6.2f} ms  ×{r['step_over_floor']:.2f}{extra}"
@@ -385,9 +457,10 @@ def main() -> None:
             f"export: +{e['overhead']:.2%} for 4 states in {e['tokens']} tokens; checkpoint copy "
             f"{e['checkpoint_copy_s'] * 1e6:.0f} µs ({e['checkpoint_copy_gb_per_s']:.0f} GB/s)"
         )
-    for k in ("oracle", "greedy_paths"):
-        if k in out:
-            print(k, {x: y for x, y in out[k].items() if "tokens" not in x})
+    if "oracle" in out:
+        print("oracle", {x: y for x, y in out["oracle"].items() if "tokens" not in x})
+    for label, r in out.get("greedy_paths", {}).items():
+        print("greedy paths", label, r)
     for k, v in out.items():
         if k.endswith("_error"):
             print("ERROR", k, v, out[k.replace("_error", "_traceback")].splitlines()[-4:])

@@ -1,9 +1,9 @@
 """Paged attention: `paged_attention`, `store_kv`.
 
-On CUDA, a batch whose every span is a long prefill (≥ SDPA_MIN_SPAN new tokens) goes through torch's
-fused SDPA (FlashAttention: faster than our Triton kernel on long spans); any batch with short spans
-(decodes, small chunks) goes through the Triton kernel, which reads the pool in place and is
-CUDA-graph safe. The oracle serves CPU tensors."""
+On CUDA, a batch of fresh prompts only (every span ≥ SDPA_MIN_SPAN new tokens, none over a cached
+prefix) goes through torch's fused SDPA (cuDNN / FlashAttention: faster than our Triton kernel on long
+spans); every other batch (decodes, chunks over a prefix) goes through the Triton kernel, which reads the
+pool in place and is CUDA-graph safe. The oracle serves CPU tensors."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ def paged_attention(q: Tensor, *args, **kwargs):
     """Same contract as naive.paged_attention."""
     if q.is_cuda and q.shape[0] >= SDPA_MIN_SPAN * kwargs["context_lens"].numel():
         spans = kwargs["cu_seqlens"].diff()
-        if int(spans.min()) >= SDPA_MIN_SPAN:  # a host sync: prefill only (decode never gets here)
+        fresh = int(spans.min()) >= SDPA_MIN_SPAN and bool((spans == kwargs["context_lens"]).all())
+        if fresh:  # host syncs: prefill only (decode never gets here)
             return backend("attention", "sdpa", q).paged_attention(q, *args, **kwargs)
     return backend("attention", "triton", q).paged_attention(q, *args, **kwargs)
 
