@@ -248,5 +248,10 @@ class LLMEngine:
     def reset_prefix_cache(self) -> int:
         return self.cache.reset()
 
+    def close(self) -> None:
+        """Finish the host tier's pending write-backs, stop its writer and leave its store."""
+        if self.host is not None:
+            self.host.close()
+
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()

@@ -168,11 +168,16 @@ def start_master(
     host: str = "127.0.0.1",
     log: str | None = None,
     timeout: float = 30.0,
+    quiet: bool = True,
 ) -> MasterProcess:
-    """Start `mooncake_master` and wait until its RPC port accepts connections."""
+    """Start `mooncake_master` and wait until its RPC port accepts connections. Its log goes to `log`
+    (a file), else nowhere when `quiet`, else to this process's stderr."""
     port = port or free_port(host)
     metrics_port = metrics_port or free_port(host)
-    out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 — the child keeps it open
+    if log is not None:
+        out = open(log, "ab")  # noqa: SIM115 — the child keeps it open
+    else:
+        out = subprocess.DEVNULL if quiet else None
     proc = subprocess.Popen(master_command(port, metrics_port, host), stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -180,8 +185,11 @@ def start_master(
             raise RuntimeError(f"mooncake_master exited with {proc.returncode} (port {port} taken?)")
         try:
             socket.create_connection((host, port), timeout=0.5).close()
-            return MasterProcess(proc, f"{host}:{port}")
         except OSError:
             time.sleep(0.05)
+            continue
+        time.sleep(0.1)
+        if proc.poll() is None:
+            return MasterProcess(proc, f"{host}:{port}")
     proc.kill()
     raise RuntimeError(f"mooncake_master did not listen on {host}:{port} within {timeout:.0f} s")
