@@ -1,11 +1,9 @@
 import uuid
 
-import pytest
 import torch
 
 from flashstate.cache.cost import PrefillCost
 from flashstate.cache.host.layout import HostLayout
-from flashstate.cache.host.mooncake import start_master
 from flashstate.cache.host.tier import HostTier
 from flashstate.cache.host.transfer import StateTransfer
 from flashstate.engine.cache_tensors import CacheTensors
@@ -28,11 +26,3 @@ def make_caches(num_blocks: int = 64, num_slots: int = 8, seed: int = 0) -> Cach
 def make_tier(store, caches: CacheTensors, capacity: int | None = None, retry: float = 0.1) -> HostTier:
     layout = HostLayout(f"test-{uuid.uuid4().hex[:8]}", CHUNK)
     return HostTier(store, StateTransfer(caches, BLOCK), layout, PrefillCost(1e-5, 1e-8), capacity, retry)
-
-
-@pytest.fixture(scope="session")
-def mooncake_master(tmp_path_factory):
-    """A real mooncake_master on a free loopback port for the whole session."""
-    master = start_master(log=str(tmp_path_factory.mktemp("mooncake") / "master.log"))
-    yield master
-    master.stop()
