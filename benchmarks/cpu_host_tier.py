@@ -3,7 +3,7 @@ step) with a GPU-side cache budget well below their working set, with the host t
 capacity above the working set). Reports the token hit rate, the share of prompt tokens restored from the
 host tier, and the cut in uncached (prefilled) tokens.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/cpu_host_tier.py --seeds 0 1 2 --cache-fraction 0.15 \\
+    PYTHONPATH=. .venv/bin/python benchmarks/cpu_host_tier.py --seeds 0 1 2 --cache-fraction 0.25 \\
         --backends off memory mooncake
 
 Write-backs are flushed after every engine step so that the run is deterministic (in serving they overlap
@@ -59,7 +59,7 @@ def main() -> None:
     p.add_argument("--turns", type=int, default=6)
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--cache-fraction", type=float, default=0.15, help="GPU-side budget / working set")
+    p.add_argument("--cache-fraction", type=float, default=0.25, help="GPU-side budget / working set")
     p.add_argument("--host-fraction", type=float, default=2.0, help="host tier capacity / working set")
     p.add_argument("--backends", nargs="+", default=["off", "memory"], choices=["off", "memory", "mooncake"])
     a = p.parse_args()
