@@ -177,7 +177,7 @@ def start_master(
     if log is not None:
         out = open(log, "ab")  # noqa: SIM115 — the child keeps it open
     else:
-        out = subprocess.DEVNULL if quiet else None
+        out = subprocess.DEVNULL if quiet else sys.stderr
     proc = subprocess.Popen(master_command(port, metrics_port, host), stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
