@@ -143,3 +143,26 @@ def test_master_killed_mid_replay_then_restarted(tiny_model_dir, plain, tmp_path
         engine.close()
     finally:
         master.stop()
+
+
+def test_a_host_state_deeper_than_the_gpu_hit_wins(tiny_model_dir, plain):
+    cached = LLM(tiny_model_dir, **ENGINE, host_cache_bytes=64 << 20)
+    got = _capture(cached)
+    engine = cached.engine
+    agents = Agents(engine.spec.vocab_size, seed=2)
+    contexts = []
+    for _ in range(2):
+        outs = _check_round(cached, got, plain, agents.contexts)
+        contexts.append([list(o.prompt_token_ids) + o.token_ids[:-1] for o in outs])
+        agents.advance([o.token_ids for o in outs])
+    engine.host.flush()
+    for frontier in contexts[-1]:  # the GPU cache loses the newest frontiers, keeps the older ones
+        node = engine.cache.tree.match(frontier).node
+        assert node.end == len(frontier) and node.slot is not None
+        engine.cache._evict(node, "test")  # noqa: SLF001
+    gpu = [engine.cache.tree.match(c, len(c) - 1).depth for c in agents.contexts]
+    outs = _check_round(cached, got, plain, agents.contexts)
+    assert [o.num_cached_tokens for o in outs] == [len(f) for f in contexts[-1]]
+    assert all(0 < g < len(f) for g, f in zip(gpu, contexts[-1], strict=True))  # a shallower GPU hit
+    assert engine.host.stats.restores == 3
+    engine.close()

@@ -147,7 +147,10 @@ class HostTier:
 
     def write_back(self, tokens: list[int], depth: int, blocks: list[int], slot: int) -> None:
         """Stage the hybrid state of tokens[:depth] (KV in `blocks`, linear states in `slot`)."""
-        if not self.available or depth < 1:
+        if depth < 1:
+            return
+        if not self.available:
+            self.stats.writes_skipped += 1
             return
         c, b = self.layout.chunk_tokens, self.block_size
         with self._lock:
