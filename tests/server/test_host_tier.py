@@ -10,22 +10,17 @@ import time
 from tests.server.conftest import free_port, running_server
 
 
-def _master(port: int, log) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "flashstate.cli", "mooncake-master", "--port", str(port),
-         "--metrics-port", str(free_port())],
-        stdout=subprocess.PIPE, stderr=log, text=True,
-    )  # fmt: skip
-    line = proc.stdout.readline()
-    assert line.startswith(f"mooncake_master on 127.0.0.1:{port}"), line
-    return proc
-
-
 def test_serve_writes_back_to_mooncake_and_survives_the_master(tmp_path):
     port = free_port()
     with open(tmp_path / "master.log", "w") as log:
-        master = _master(port, log)
+        master = subprocess.Popen(
+            [sys.executable, "-m", "flashstate.cli", "mooncake-master", "--port", str(port),
+             "--metrics-port", str(free_port())],
+            stdout=subprocess.PIPE, stderr=log, text=True,
+        )  # fmt: skip
     try:
+        line = master.stdout.readline()
+        assert line.startswith(f"mooncake_master on 127.0.0.1:{port}"), line
         args = ["--host-cache", "mooncake", "--mooncake-master", f"127.0.0.1:{port}", "--host-cache-bytes",
                 "64M", "--prefill-cost-coefficients", "1e-5", "1e-9"]  # fmt: skip
         with running_server(tmp_path, args) as server:
