@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -147,6 +148,14 @@ def master_command(
     ]
 
 
+def _die_with_parent() -> None:
+    """The master gets SIGTERM when the process that started it dies (Linux), so none is left behind."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 @dataclass
 class MasterProcess:
     process: subprocess.Popen
@@ -178,7 +187,12 @@ def start_master(
         out = open(log, "ab")  # noqa: SIM115 — the child keeps it open
     else:
         out = subprocess.DEVNULL if quiet else sys.stderr
-    proc = subprocess.Popen(master_command(port, metrics_port, host), stdout=out, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        master_command(port, metrics_port, host),
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        preexec_fn=_die_with_parent,
+    )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
