@@ -177,7 +177,7 @@ def main() -> None:
         ("state size (KV + checkpoint)", f"{nbytes / 2**20:.1f} MiB"),
     ]
     rows += [
-        (k.replace("_gb_per_s", " GB/s"), f"{v:.1f}") for k, v in result.items() if k.endswith("_gb_per_s")
+        (k.replace("_gb_per_s", " GB/s"), f"{v:.3g}") for k, v in result.items() if k.endswith("_gb_per_s")
     ]
     rows += [
         ("prefill N tokens (cold request)", f"{prefill:.3f} s ({n / prefill:,.0f} tok/s)"),
