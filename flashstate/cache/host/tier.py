@@ -14,7 +14,8 @@ Index: a state at depth p references the chunk objects 1..floor(p / C) (shared b
 counted) and its own state object; `used` = bytes of every object indexed, ≤ capacity. A state is
 restorable once its own object and every chunk it references are written (`ready`).
 Eviction is Greedy-Dual-Size over whole states, as on the GPU: H = L + C(p) / bytes, bytes = the state
-object plus the chunks only it references; L rises to the H of each evicted state; a hit re-stamps.
+object plus the chunks only it references; L rises to the H of each evicted state; a hit re-stamps; a
+new state that would have to evict states of higher H is not written.
 Faults: StoreUnavailableError from any store call marks the tier unavailable (logged once per outage,
 counted), empties the index (what the store held is unknown from then on) and makes every call a no-op;
 the writer thread pings the store every `retry_seconds` and resumes when it answers.
@@ -165,7 +166,8 @@ class HostTier:
             specs = self.transfer.state_specs(depth - base)
             state_bytes = object_size(key, specs)
             need = state_bytes + len(new) * self._chunk_bytes
-            if need > self.capacity or not self._make_room(need):
+            value = self.cost.saved(depth, 0) / need
+            if need > self.capacity or not self._make_room(need, self._clock + value):
                 self.stats.writes_skipped += 1
                 return
             for i in new:
@@ -195,7 +197,8 @@ class HostTier:
         exclusive = sum(self._chunks[k].nbytes for k in state.chunks if self._chunks[k].refs == 1)
         return self.cost.saved(state.depth, 0) / (state.nbytes + exclusive)
 
-    def _make_room(self, need: int) -> bool:
+    def _make_room(self, need: int, priority: float) -> bool:
+        """Evict states of lower priority than `priority` (the incoming state's H) until `need` bytes fit."""
         while self.used + need > self.capacity:
             best, best_h = None, None
             for s in self._states.values():
@@ -203,7 +206,7 @@ class HostTier:
                     h = s.priority + self._value(s)
                     if best_h is None or h < best_h:
                         best, best_h = s, h
-            if best is None:
+            if best is None or best_h > priority:
                 return False
             self._clock = max(self._clock, best_h)
             self._forget(best)
