@@ -183,7 +183,8 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
         "--host-cache-bytes",
         type=human_readable_int,
         default=d.host_cache_bytes,
-        help="host tier capacity in bytes (default: the backend's)",
+        help="host tier capacity in bytes; alone, turns on the memory tier (default with a tier: 4GiB; "
+        "for mooncake, the memory this engine lends to the store's pool)",
     )
     h.add_argument(
         "--mooncake-master",

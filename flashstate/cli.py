@@ -1,4 +1,5 @@
-"""`flashstate` command line: serve (the OpenAI-compatible server) and demo."""
+"""`flashstate` command line: serve (the OpenAI-compatible server), calibrate, bench, demo, and
+mooncake-master (a Mooncake store master for the host tier)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,15 @@ def _parser() -> argparse.ArgumentParser:
     add_cache_args(calibrate)
     calibrate.add_argument("--max-tokens", type=int, default=None, help="longest prefill timed")
     _add_bench(sub)
+    master = sub.add_parser(
+        "mooncake-master",
+        help="run a Mooncake store master for --host-cache mooncake (single node: on loopback)",
+        description="Starts `mooncake_master` in the foreground (no built-in metadata server: clients use "
+        "P2P handshakes). Engines join with --host-cache mooncake --mooncake-master HOST:PORT.",
+    )
+    master.add_argument("--host", default="127.0.0.1", help="address the master listens on")
+    master.add_argument("--port", type=int, default=50051, help="RPC port (--mooncake-master HOST:PORT)")
+    master.add_argument("--metrics-port", type=int, default=9003, help="the master's HTTP metrics port")
     return parser
 
 
@@ -63,6 +73,8 @@ def _resolve(args: argparse.Namespace) -> EngineConfig:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "mooncake-master":
+        return _mooncake_master(args.host, args.port, args.metrics_port)
     if args.command in ("bench", "demo"):
         from flashstate.bench.command import run_bench
 
@@ -84,6 +96,31 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     return 0
+
+
+def _mooncake_master(host: str, port: int, metrics_port: int) -> int:
+    from flashstate.cache.host.mooncake import start_master
+
+    try:
+        master = start_master(port, metrics_port, host, quiet=False)
+    except (RuntimeError, FileNotFoundError) as e:
+        print(f"flashstate: error: {e}", file=sys.stderr)
+        return 1
+    print(
+        f"mooncake_master on {master.address}: serve with --host-cache mooncake "
+        f"--mooncake-master {master.address}",
+        flush=True,
+    )
+    import signal
+
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: (stopping.append(1), master.process.terminate()))
+    try:
+        rc = master.process.wait()
+    except KeyboardInterrupt:
+        master.stop()
+        return 0
+    return 0 if stopping else rc
 
 
 def _calibrate(config: EngineConfig, max_tokens: int | None) -> int:

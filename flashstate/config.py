@@ -39,7 +39,7 @@ class EngineConfig:
     mamba_block_size: int | None = None  # vllm policy: checkpoint block; None: derived like vLLM
     # Host tier (DESIGN.md §2.3): None (off) | memory (embedded store) | mooncake (mooncake_master store).
     host_cache: str | None = None
-    host_cache_bytes: int | None = None  # host tier capacity; None: the backend's default
+    host_cache_bytes: int | None = None  # host tier capacity (alone: turns the memory tier on); None: 4 GiB
     mooncake_master: str | None = None  # HOST:PORT of a running mooncake_master (host_cache="mooncake")
     # Server.
     host: str = "127.0.0.1"
@@ -54,6 +54,13 @@ class EngineConfig:
     @property
     def prefix_caching(self) -> bool:
         return self.enable_prefix_caching and self.cache_policy != "none"
+
+    @property
+    def host_tier(self) -> str | None:
+        """The host store in use: host_cache, else memory when host_cache_bytes is set, else None (off)."""
+        if self.host_cache is None and self.host_cache_bytes is not None:
+            return "memory"
+        return self.host_cache
 
     def __post_init__(self) -> None:
         def positive(name: str) -> None:
@@ -108,8 +115,10 @@ class EngineConfig:
     def _check_host_tier(self) -> None:
         if self.host_cache not in HOST_CACHES:
             raise ValueError(f"host_cache must be memory, mooncake or None, got {self.host_cache!r}")
-        if self.host_cache is None and self.host_cache_bytes is not None:
-            raise ValueError("host_cache_bytes needs a host tier (host_cache memory or mooncake)")
+        if self.host_tier is not None and not self.prefix_caching:
+            raise ValueError("the host tier (host_cache, host_cache_bytes) needs prefix caching on")
+        if self.host_cache == "mooncake" and self.mooncake_master is None:
+            raise ValueError("host_cache='mooncake' needs mooncake_master HOST:PORT")
         if self.mooncake_master is None:
             return
         if self.host_cache != "mooncake":

@@ -16,3 +16,13 @@ def tiny_model_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny")
     materialize("tiny", path, seed=0)
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def mooncake_master(tmp_path_factory):
+    """A real mooncake_master on a free loopback port, shared by the session's host-tier tests."""
+    from flashstate.cache.host.mooncake import start_master
+
+    master = start_master(log=str(tmp_path_factory.mktemp("mooncake") / "master.log"))
+    yield master
+    master.stop()

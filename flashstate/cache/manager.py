@@ -10,6 +10,9 @@ Verbs:
     release(seq, commit)  at request end the frontier checkpoint is committed (policy permitting),
                           then every block reference and the working slot are returned
 
+Host tier hooks (cache/host/, optional): `admit` restores from the host when the host holds a deeper
+state than the GPU tree; `release` of a finished request writes its state back (off the critical path).
+
 Ownership: a block's ref count = tree nodes holding it + sequences whose block table holds it. A slot
 is owned by one running sequence, one tree node, or one in-flight export.
 """
@@ -20,10 +23,11 @@ import time
 from collections.abc import Callable
 
 from flashstate.cache.block_pool import BlockPool
+from flashstate.cache.host.tier import HostTier
 from flashstate.cache.policy import Policy
 from flashstate.cache.state_pool import StatePool
 from flashstate.cache.stats import CacheStats
-from flashstate.cache.tree import Node, RadixTree
+from flashstate.cache.tree import Match, Node, RadixTree
 from flashstate.engine.sequence import Sequence
 
 
@@ -36,6 +40,7 @@ class CacheManager:
         max_checkpoints: int = 0,
         copy_block: Callable[[int, int], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        host: HostTier | None = None,
     ):
         self.block_pool = block_pool
         self.state_pool = state_pool
@@ -47,6 +52,7 @@ class CacheManager:
         self._clock = clock
         self._inflight: set[int] = set()  # export slots between schedule and commit
         self.num_checkpoints = 0
+        self.host = host
 
     @property
     def block_size(self) -> int:
@@ -71,6 +77,8 @@ class CacheManager:
             return True
         match = self.tree.match(seq.token_ids, limit=len(seq.token_ids) - 1)
         self._lock(match.node, +1)  # from here on nothing on the hit path can be evicted
+        if self.host is not None and self._restore_from_host(seq, match):
+            return True
         if match.depth:
             table = self.tree.block_table(match.node)
             full = match.depth // self.block_size
@@ -149,6 +157,8 @@ class CacheManager:
 
     def release(self, seq: Sequence, commit: bool) -> None:
         """Return everything a finished (commit=True), aborted or preempted sequence holds."""
+        if commit and self.host is not None and seq.num_computed_tokens and seq.state_slot is not None:
+            self.host.write_back(seq.token_ids, seq.num_computed_tokens, seq.block_table, seq.state_slot)
         frontier = self.enabled and self.policy.frontier
         if commit and frontier and seq.num_computed_tokens and seq.state_slot is not None:
             slot, seq.state_slot = seq.state_slot, None
@@ -175,6 +185,29 @@ class CacheManager:
             self._evict(victim, "reset")
             n += 1
         return n
+
+    # ---- host tier hooks ------------------------------------------------------------------------
+
+    def _restore_from_host(self, seq: Sequence, match: Match) -> bool:
+        """Restore the deepest host state if it is deeper than the GPU hit `match` (locked by the caller);
+        False (nothing changed) when there is none, it is gone or corrupt, or no blocks can be had."""
+        hit = self.host.lookup(seq.token_ids, len(seq.token_ids) - 1)
+        if hit is None or hit.depth <= match.depth:
+            return False
+        objects = self.host.fetch(hit)
+        blocks = None if objects is None else self._take_blocks(self.block_pool.blocks_for(hit.depth))
+        if blocks is None:
+            return False
+        self.host.load(hit, objects, blocks, seq.state_slot)
+        self._lock(match.node, -1)
+        seq.block_table = blocks
+        seq.num_computed_tokens = hit.depth
+        seq.cache_handle = None
+        seq.export_plan = self.policy.plan_exports(
+            seq, Match(self.tree.root, hit.depth, max(match.kv_depth, hit.depth))
+        )
+        self.stats.host_hits += 1
+        return True
 
     # ---- the tree -------------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ import torch
 
 from flashstate.cache.block_pool import BlockPool
 from flashstate.cache.cost import DEFAULT_COST, PrefillCost
+from flashstate.cache.host import build_host_tier
 from flashstate.cache.manager import CacheManager
 from flashstate.cache.memory_plan import CachePlan, plan_cache
 from flashstate.cache.policy import build_policy
@@ -73,12 +74,14 @@ class LLMEngine:
             self.spec, self.plan.num_blocks, config.block_size, self.plan.num_slots, self.dtype, self.device
         )
         self.cost = self._prefill_cost(caches)
+        self.host = build_host_tier(config, self.model, caches, self.cost)
         self.cache = CacheManager(
             BlockPool(self.plan.num_blocks, config.block_size),
             StatePool(self.plan.num_slots, caches.copy_slot),
             build_policy(config, self.spec, self.dtype, self.cost),
             max_checkpoints=self.plan.num_slots - self.plan.num_working_slots,
             copy_block=caches.copy_block,
+            host=self.host,
         )
         self.scheduler = Scheduler(
             self.cache, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len
@@ -91,6 +94,13 @@ class LLMEngine:
         logger.info(
             "%s on %s (%s): %s", self.spec.architecture, self.device, self.dtype, self.plan.describe()
         )
+        if self.host is not None:
+            logger.info(
+                "host tier: %s store, %.1f MiB, %d-token chunks",
+                self.host.store.name,
+                self.host.capacity / (1 << 20),
+                self.host.layout.chunk_tokens,
+            )
 
     def _prefill_cost(self, caches: CacheTensors) -> PrefillCost:
         """C(n) from the flag, else (when GDS needs it) the cached or a fresh calibration."""
@@ -239,6 +249,11 @@ class LLMEngine:
 
     def reset_prefix_cache(self) -> int:
         return self.cache.reset()
+
+    def close(self) -> None:
+        """Finish the host tier's pending write-backs, stop its writer and leave its store."""
+        if self.host is not None:
+            self.host.close()
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()

@@ -14,17 +14,21 @@ Names that dashboards built for vLLM read (`vllm:`), each labelled `model_name`:
     vllm:cache_config_info                                                             labels only
 Ours (`flashstate:`): prefix-cache requests and request hits, uncached tokens, checkpoints held and their
 bytes, evictions by reason, refused admissions, host-tier hits, the prefill cost coefficients a and b in use
-(`flashstate:prefill_cost_coefficient{term}`), pool sizes and free counts, aborted and rejected requests.
+(`flashstate:prefill_cost_coefficient{term}`), pool sizes and free counts, aborted and rejected requests;
+with a host tier (`flashstate:host_cache_*`): states and bytes written, skipped write-backs, restored
+tokens, misses by reason (dropped by the store, corrupt), evictions, outages and reconnects, whether the
+store is available, bytes and states held.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from flashstate.cache.host.tier import HostTier
 from flashstate.engine.async_engine import AsyncEngine
 from flashstate.engine.outputs import RequestOutput
 
@@ -160,6 +164,8 @@ class _EngineCollector(Collector):
         for reason, n in dict(stats.evictions).items():
             evictions.add_metric([*m, reason], n)
         yield evictions
+        if llm.host is not None:
+            yield from _host_metrics(llm.host, gauge, counter, m)
         yield gauge("flashstate:kv_blocks_total", "KV blocks in the pool.", blocks.num_blocks)
         yield gauge("flashstate:kv_blocks_free", "KV blocks free.", blocks.num_free)
         yield gauge("flashstate:state_slots_total", "State slots in the pool.", slots.num_slots)
@@ -190,3 +196,38 @@ class _EngineCollector(Collector):
             1,
         )
         yield info
+
+
+def _host_metrics(host: HostTier, gauge: Callable, counter: Callable, m: list[str]) -> Iterator[Metric]:
+    s = host.stats
+    yield counter(
+        "flashstate:host_cache_states_written", "States written to the host store.", s.states_written
+    )
+    yield counter("flashstate:host_cache_bytes_written", "Bytes written to the host store.", s.bytes_written)
+    yield counter(
+        "flashstate:host_cache_writes_skipped",
+        "Write-backs dropped (no room, refused by the store, store unavailable).",
+        s.writes_skipped,
+    )
+    yield counter("flashstate:host_cache_restores", "States restored from the host tier.", s.restores)
+    yield counter(
+        "flashstate:host_cache_restored_tokens",
+        "Prompt tokens restored from the host tier.",
+        s.restored_tokens,
+    )
+    misses = CounterMetricFamily(
+        "flashstate:host_cache_misses",
+        "Host states found unusable at restore, by reason (dropped by the store, corrupt).",
+        labels=["model_name", "reason"],
+    )
+    misses.add_metric([*m, "dropped"], s.misses_dropped)
+    misses.add_metric([*m, "corrupt"], s.misses_corrupt)
+    yield misses
+    yield counter("flashstate:host_cache_evictions", "Host states evicted by priority.", s.evictions)
+    yield counter("flashstate:host_cache_outages", "Times the host store became unreachable.", s.outages)
+    yield counter("flashstate:host_cache_reconnects", "Times the host store came back.", s.reconnects)
+    yield gauge(
+        "flashstate:host_cache_available", "1 while the host store is reachable.", float(host.available)
+    )
+    yield gauge("flashstate:host_cache_used_bytes", "Bytes of the states the host tier holds.", host.used)
+    yield gauge("flashstate:host_cache_states", "States the host tier holds.", host.num_states)

@@ -1,0 +1,10 @@
+"""Host tier (DESIGN.md §2.3): finished requests' hybrid states written back to host memory, restored
+on a GPU-cache miss. store.py (the store interface, the embedded store), mooncake.py (the Mooncake store),
+codec.py (object format), layout.py (keys), transfer.py (device ↔ object copies), tier.py (index,
+eviction, write-back thread, faults), build.py (from the engine config)."""
+
+from flashstate.cache.host.build import build_host_tier
+from flashstate.cache.host.store import HostStore, MemoryStore, StoreUnavailableError
+from flashstate.cache.host.tier import HostTier
+
+__all__ = ["HostStore", "HostTier", "MemoryStore", "StoreUnavailableError", "build_host_tier"]

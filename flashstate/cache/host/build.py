@@ -1,0 +1,51 @@
+"""The host tier an EngineConfig asks for."""
+
+from __future__ import annotations
+
+import torch
+
+from flashstate.cache.cost import PrefillCost
+from flashstate.cache.host.codec import object_size
+from flashstate.cache.host.layout import HostLayout, model_fingerprint
+from flashstate.cache.host.store import HostStore, MemoryStore
+from flashstate.cache.host.tier import HostTier
+from flashstate.cache.host.transfer import StateTransfer
+from flashstate.config import EngineConfig
+from flashstate.engine.cache_tensors import CacheTensors
+
+DEFAULT_HOST_CACHE_BYTES = 4 << 30
+CHUNK_TOKENS = 256  # rounded to whole KV blocks
+# The Mooncake master starts evicting at 90% of the pool; the tier keeps below that.
+MOONCAKE_FILL = 0.85
+
+
+def chunk_tokens(block_size: int, target: int = CHUNK_TOKENS) -> int:
+    return max(target // block_size, 1) * block_size
+
+
+def build_host_tier(
+    config: EngineConfig, model: torch.nn.Module, caches: CacheTensors, cost: PrefillCost
+) -> HostTier | None:
+    kind = config.host_tier
+    if kind is None:
+        return None
+    spec = model.spec
+    dtype = next(model.parameters()).dtype
+    chunk = chunk_tokens(config.block_size)
+    layout = HostLayout(model_fingerprint(model, spec, dtype, config.block_size, chunk), chunk)
+    transfer = StateTransfer(caches, config.block_size)
+    capacity = config.host_cache_bytes or DEFAULT_HOST_CACHE_BYTES
+    cuda = transfer.device.type == "cuda"
+    store: HostStore
+    if kind == "memory":
+        store, usable = MemoryStore(capacity, pin=cuda), capacity
+    else:
+        from flashstate.cache.host.mooncake import MooncakeStore
+
+        largest = max(
+            object_size(layout.chunk_key(layout.root), transfer.kv_specs(chunk)),
+            object_size(layout.chunk_key(layout.root), transfer.state_specs(chunk)),
+        )
+        store = MooncakeStore(config.mooncake_master, capacity, local_buffer_bytes=max(2 * largest, 16 << 20))
+        usable = int(capacity * MOONCAKE_FILL)
+    return HostTier(store, transfer, layout, cost, capacity=usable, pin=cuda)

@@ -1,0 +1,113 @@
+"""Host-tier objects: raw tensor bytes behind a small header, with a checksum. Never pickle.
+
+    | magic "FSH1" | header_len u32 | crc32 u32 | header (JSON, padded to 64 B) | tensor 0 | tensor 1 | …
+header = {"key": the object's store key, "tensors": [[dtype, [shape…]], …]}; each tensor starts on a
+64-byte boundary; crc32 covers everything after the first 12 bytes. A decoded object is the list of
+its tensors as views into the buffer (no copy); a wrong magic, checksum, key or size decodes to None.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from collections.abc import Callable
+
+import torch
+
+MAGIC = b"FSH1"
+_PREFIX = struct.Struct("<4sII")
+_ALIGN = 64
+_DTYPES = {str(d): d for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.uint8)}
+
+
+def _align(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+def _layout(key: str, specs: list[tuple[torch.dtype, tuple[int, ...]]]) -> tuple[bytes, list[int], int]:
+    header = json.dumps({"key": key, "tensors": [[str(d), list(s)] for d, s in specs]}).encode()
+    offset = _align(_PREFIX.size + len(header))
+    offsets = []
+    for dtype, shape in specs:
+        offsets.append(offset)
+        n = dtype.itemsize
+        for d in shape:
+            n *= d
+        offset = _align(offset + n)
+    return header, offsets, offset
+
+
+class ObjectBuilder:
+    """An object whose tensors are filled in place (e.g. by device → host copies), then sealed.
+
+    b = ObjectBuilder(key, [(dtype, shape), …], allocate)
+    b.tensors[i].copy_(…)      # views into b.buffer
+    b.seal()                   # after every copy has landed: writes the checksum
+    """
+
+    def __init__(
+        self,
+        key: str,
+        specs: list[tuple[torch.dtype, tuple[int, ...]]],
+        allocate: Callable[[int], torch.Tensor] | None = None,
+    ):
+        self.key = key
+        header, offsets, total = _layout(key, specs)
+        alloc = allocate or (lambda n: torch.empty(n, dtype=torch.uint8))
+        self.buffer = alloc(total)
+        self._header_len = len(header)
+        self.buffer[_PREFIX.size : _PREFIX.size + len(header)] = torch.frombuffer(
+            bytearray(header), dtype=torch.uint8
+        )
+        self.buffer[_PREFIX.size + len(header) : offsets[0] if offsets else total] = 0
+        self.tensors = [_view(self.buffer, o, d, s) for o, (d, s) in zip(offsets, specs, strict=True)]
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.numel()
+
+    def seal(self) -> torch.Tensor:
+        raw = memoryview(self.buffer.numpy())
+        crc = zlib.crc32(raw[_PREFIX.size :])
+        raw[: _PREFIX.size] = _PREFIX.pack(MAGIC, self._header_len, crc)
+        return self.buffer
+
+
+def object_size(key: str, specs: list[tuple[torch.dtype, tuple[int, ...]]]) -> int:
+    return _layout(key, specs)[2]
+
+
+def encode(key: str, tensors: list[torch.Tensor]) -> torch.Tensor:
+    b = ObjectBuilder(key, [(t.dtype, tuple(t.shape)) for t in tensors])
+    for dst, src in zip(b.tensors, tensors, strict=True):
+        dst.copy_(src)
+    return b.seal()
+
+
+def decode(key: str, buffer: torch.Tensor) -> list[torch.Tensor] | None:
+    """The tensors of a sound object stored under `key`; None for anything else."""
+    if buffer.numel() < _PREFIX.size:
+        return None
+    raw = memoryview(buffer.numpy())
+    magic, header_len, crc = _PREFIX.unpack(raw[: _PREFIX.size])
+    if magic != MAGIC or zlib.crc32(raw[_PREFIX.size :]) != crc:
+        return None
+    try:
+        header = json.loads(bytes(raw[_PREFIX.size : _PREFIX.size + header_len]))
+        specs = [(_DTYPES[d], tuple(s)) for d, s in header["tensors"]]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if header.get("key") != key:
+        return None
+    _, offsets, total = _layout(key, specs)
+    if total != buffer.numel():
+        return None
+    return [_view(buffer, o, d, s) for o, (d, s) in zip(offsets, specs, strict=True)]
+
+
+def _view(buffer: torch.Tensor, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    n = dtype.itemsize
+    for d in shape:
+        n *= d
+    return buffer[offset : offset + n].view(dtype).view(shape)

@@ -1,0 +1,80 @@
+"""Host-tier keys: KV in content-addressed chunks chained by prefix hash, checkpoints keyed by (prefix
+hash, position), everything under the model fingerprint.
+
+    tokens  | chunk 0 | chunk 1 | … | chunk j-1 | tail |        (C = chunk_tokens, a multiple of the block)
+    h_0 = H(fingerprint),  h_{i+1} = H(h_i, tokens of chunk i)
+    KV object of chunk i:     {prefix}/kv/{h_{i+1}}      every attention layer's K, V of its C tokens
+    state object at depth p:  {prefix}/state/{H(h_j, tail, p)},  j = floor(p / C)
+                              every linear layer's conv + recurrent state after token p - 1, and the
+                              attention K, V of the tail tokens [jC, p)
+A state at depth p restores from chunks 1..j and its state object. Equal prefixes give equal keys, so
+a request writes only the chunks (and state) the store lacks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from array import array
+
+import torch
+
+from flashstate.models.fingerprint import layout_fingerprint
+from flashstate.models.spec import ModelSpec
+
+
+def _h(*parts: bytes) -> bytes:
+    h = hashlib.blake2b(digest_size=16)
+    for p in parts:
+        h.update(p)
+    return h.digest()
+
+
+def _token_bytes(tokens: list[int]) -> bytes:
+    return array("q", tokens).tobytes()
+
+
+def weights_fingerprint(model: torch.nn.Module, sample: int = 4096) -> str:
+    """Every parameter's name, shape and dtype, and a strided sample of its values."""
+    h = hashlib.blake2b(digest_size=8)
+    for name, p in sorted(model.state_dict().items()):
+        flat = p.detach().reshape(-1)
+        step = max(flat.numel() // sample, 1)
+        values = flat[::step][:sample].float().cpu()
+        h.update(f"{name}{tuple(p.shape)}{p.dtype}".encode())
+        h.update(values.numpy().tobytes())
+    return h.hexdigest()
+
+
+def model_fingerprint(
+    model: torch.nn.Module, spec: ModelSpec, dtype: torch.dtype, block_size: int, chunk_tokens: int
+) -> str:
+    """Weights, layer layout, dtype, block and chunk size: a state never restores into another model."""
+    layout = layout_fingerprint(spec, dtype, block_size=block_size, chunk_tokens=chunk_tokens)
+    return f"{layout}-{weights_fingerprint(model)}"
+
+
+class HostLayout:
+    def __init__(self, fingerprint: str, chunk_tokens: int):
+        if chunk_tokens < 1:
+            raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+        self.fingerprint = fingerprint
+        self.chunk_tokens = chunk_tokens
+        self.prefix = f"flashstate/{fingerprint}"
+        self.root = _h(fingerprint.encode())
+
+    def chain(self, tokens: list[int], depth: int) -> list[bytes]:
+        """[h_0, h_1, …, h_j] for the j = floor(depth / C) full chunks of tokens[:depth]."""
+        c = self.chunk_tokens
+        hashes = [self.root]
+        for i in range(depth // c):
+            hashes.append(_h(hashes[-1], _token_bytes(tokens[i * c : (i + 1) * c])))
+        return hashes
+
+    def chunk_key(self, h: bytes) -> str:
+        return f"{self.prefix}/kv/{h.hex()}"
+
+    def state_key(self, base: bytes, tokens: list[int], depth: int) -> str:
+        start = depth // self.chunk_tokens * self.chunk_tokens
+        h = _h(base, _token_bytes(tokens[start:depth]), struct.pack("<q", depth))
+        return f"{self.prefix}/state/{h.hex()}"

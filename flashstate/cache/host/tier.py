@@ -1,0 +1,400 @@
+"""HostTier: the index of hybrid states in a host store, GDS eviction of whole states, write-back on a
+background thread, restore on a GPU-cache miss, and running without the store while it is unreachable.
+
+    write_back(tokens, depth, blocks, slot)   engine thread, at a request's end: plans the objects the
+                                              store lacks, enqueues device → host copies into staging
+                                              objects and hands them to the writer thread (checksum,
+                                              put); the request never waits for the store
+    lookup(tokens, limit) → HostHit | None    the deepest state the store holds on the prompt's path
+    fetch(hit) → objects | None               reads and verifies every object (a missing or corrupt one
+                                              is a miss, and the state leaves the index)
+    load(objects, blocks, slot)               host → device copies into blocks and a state slot
+
+Index: a state at depth p references the chunk objects 1..floor(p / C) (shared between states, ref
+counted) and its own state object; `used` = bytes of every object indexed, ≤ capacity. A state is
+restorable once its own object and every chunk it references are written (`ready`).
+Eviction is Greedy-Dual-Size over whole states, as on the GPU: H = L + C(p) / bytes, bytes = the state
+object plus the chunks only it references; L rises to the H of each evicted state; a hit re-stamps; a
+new state that would have to evict states of higher H is not written.
+Faults: StoreUnavailableError from any store call marks the tier unavailable (logged once per outage,
+counted), empties the index (what the store held is unknown from then on) and makes every call a no-op;
+the writer thread pings the store every `retry_seconds` and resumes when it answers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from flashstate.cache.cost import PrefillCost
+from flashstate.cache.host.codec import ObjectBuilder, decode, object_size
+from flashstate.cache.host.layout import HostLayout
+from flashstate.cache.host.store import HostStore, StoreUnavailableError
+from flashstate.cache.host.transfer import StateTransfer
+
+logger = logging.getLogger("flashstate.host")
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _verify_pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(min(os.cpu_count() or 1, 16), thread_name_prefix="flashstate-host-verify")
+    return _POOL
+
+
+@dataclass(slots=True)
+class HostTierStats:
+    states_written: int = 0
+    objects_written: int = 0
+    bytes_written: int = 0
+    writes_skipped: int = 0  # write-backs dropped: no room, refused by the store, tier unavailable
+    lookups: int = 0
+    restores: int = 0
+    restored_tokens: int = 0
+    misses_dropped: int = 0  # the store no longer held an object
+    misses_corrupt: int = 0  # checksum, header or key mismatch
+    evictions: int = 0
+    outages: int = 0
+    reconnects: int = 0
+
+
+@dataclass(slots=True)
+class _Chunk:
+    nbytes: int
+    refs: int = 0
+    ready: bool = False
+
+
+@dataclass(slots=True)
+class _State:
+    key: str
+    depth: int
+    base: bytes  # chain hash of the last full chunk
+    chunks: list[str]
+    nbytes: int
+    priority: float = 0.0  # GDS L when stamped
+    ready: bool = False
+
+
+@dataclass(slots=True)
+class HostHit:
+    key: str
+    depth: int
+    chunks: list[str]
+
+
+@dataclass(slots=True)
+class _Write:
+    state: str
+    objects: list[ObjectBuilder]  # new chunks first, the state object last
+    event: object | None  # CUDA event after the device → host copies
+
+
+@dataclass(slots=True)
+class _Remove:
+    key: str
+
+
+class HostTier:
+    def __init__(
+        self,
+        store: HostStore,
+        transfer: StateTransfer,
+        layout: HostLayout,
+        cost: PrefillCost,
+        capacity: int | None = None,
+        retry_seconds: float = 1.0,
+        pin: bool = False,
+    ):
+        if layout.chunk_tokens % transfer.block_size:
+            raise ValueError("the host chunk must be a whole number of KV blocks")
+        self.store = store
+        self.transfer = transfer
+        self.layout = layout
+        self.cost = cost
+        self.capacity = store.capacity if capacity is None else capacity
+        self.retry_seconds = retry_seconds
+        self.stats = HostTierStats()
+        self.available = True
+        self.used = 0
+        self._pin = pin
+        self._states: dict[str, _State] = {}
+        self._by_base: dict[bytes, list[_State]] = {}
+        self._chunks: dict[str, _Chunk] = {}
+        self._clock = 0.0  # GDS L
+        self._chunk_bytes = object_size(layout.chunk_key(layout.root), transfer.kv_specs(layout.chunk_tokens))
+        self._lock = threading.RLock()
+        self._queue: queue.Queue[_Write | _Remove | None] = queue.Queue()
+        self._writer = threading.Thread(target=self._run, name="flashstate-host-writer", daemon=True)
+        self._writer.start()
+
+    @property
+    def num_states(self) -> int:
+        return len(self._states)
+
+    @property
+    def block_size(self) -> int:
+        return self.transfer.block_size
+
+    # ---- write-back (engine thread) -----------------------------------------------------------------
+
+    def write_back(self, tokens: list[int], depth: int, blocks: list[int], slot: int) -> None:
+        """Stage the hybrid state of tokens[:depth] (KV in `blocks`, linear states in `slot`)."""
+        if depth < 1:
+            return
+        if not self.available:
+            self.stats.writes_skipped += 1
+            return
+        c, b = self.layout.chunk_tokens, self.block_size
+        with self._lock:
+            hashes = self.layout.chain(tokens, depth)
+            key = self.layout.state_key(hashes[-1], tokens, depth)
+            if key in self._states:
+                self._states[key].priority = self._clock
+                return
+            chunk_keys = [self.layout.chunk_key(h) for h in hashes[1:]]
+            new = [i for i, k in enumerate(chunk_keys) if k not in self._chunks]
+            base = (len(hashes) - 1) * c
+            specs = self.transfer.state_specs(depth - base)
+            state_bytes = object_size(key, specs)
+            need = state_bytes + len(new) * self._chunk_bytes
+            value = self.cost.saved(depth, 0) / need
+            if need > self.capacity or not self._make_room(need, self._clock + value):
+                self.stats.writes_skipped += 1
+                return
+            for i in new:
+                self._chunks[chunk_keys[i]] = _Chunk(self._chunk_bytes)
+            for k in chunk_keys:
+                self._chunks[k].refs += 1
+            state = _State(key, depth, hashes[-1], chunk_keys, state_bytes, self._clock)
+            self._states[key] = state
+            self._by_base.setdefault(state.base, []).append(state)
+            self.used += need
+        objects = []
+        for i in new:
+            obj = ObjectBuilder(chunk_keys[i], self.transfer.kv_specs(c), self._allocate)
+            self.transfer.gather_kv(blocks[i * c // b : (i + 1) * c // b], c, obj.tensors)
+            objects.append(obj)
+        obj = ObjectBuilder(key, specs, self._allocate)
+        n = self.transfer.num_state_tensors()
+        self.transfer.gather_state(slot, obj.tensors[:n])
+        self.transfer.gather_kv(blocks[base // b : -(-depth // b)], depth - base, obj.tensors[n:])
+        objects.append(obj)
+        self._queue.put(_Write(key, objects, self.transfer.event()))
+
+    def _allocate(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self._pin)
+
+    def _value(self, state: _State) -> float:
+        exclusive = sum(self._chunks[k].nbytes for k in state.chunks if self._chunks[k].refs == 1)
+        return self.cost.saved(state.depth, 0) / (state.nbytes + exclusive)
+
+    def _make_room(self, need: int, priority: float) -> bool:
+        """Evict states of lower priority than `priority` (the incoming state's H) until `need` bytes fit."""
+        while self.used + need > self.capacity:
+            best, best_h = None, None
+            for s in self._states.values():
+                if s.ready:
+                    h = s.priority + self._value(s)
+                    if best_h is None or h < best_h:
+                        best, best_h = s, h
+            if best is None or best_h > priority:
+                return False
+            self._clock = max(self._clock, best_h)
+            self._forget(best)
+            self.stats.evictions += 1
+        return True
+
+    def _forget(self, state: _State) -> None:
+        """Drop a state from the index and remove the objects no other state references."""
+        if self._states.pop(state.key, None) is None:
+            return
+        self._by_base[state.base].remove(state)
+        if not self._by_base[state.base]:
+            del self._by_base[state.base]
+        self.used -= state.nbytes
+        self._queue.put(_Remove(state.key))
+        for k in state.chunks:
+            chunk = self._chunks[k]
+            chunk.refs -= 1
+            if chunk.refs == 0:
+                del self._chunks[k]
+                self.used -= chunk.nbytes
+                self._queue.put(_Remove(k))
+
+    # ---- restore (engine thread) --------------------------------------------------------------------
+
+    def lookup(self, tokens: list[int], limit: int) -> HostHit | None:
+        """The deepest restorable state at a depth <= limit on the path of `tokens`."""
+        if not self.available or not self._states:
+            return None
+        self.stats.lookups += 1
+        with self._lock:
+            hashes = self.layout.chain(tokens, limit)
+            for j in range(len(hashes) - 1, -1, -1):
+                best = None
+                for s in self._by_base.get(hashes[j], ()):
+                    if (
+                        s.ready
+                        and s.depth <= limit
+                        and (best is None or s.depth > best.depth)
+                        and all(self._chunks[k].ready for k in s.chunks)
+                        and self.layout.state_key(hashes[j], tokens, s.depth) == s.key
+                    ):
+                        best = s
+                if best is not None:
+                    return HostHit(best.key, best.depth, list(best.chunks))
+        return None
+
+    def fetch(self, hit: HostHit) -> list[list[torch.Tensor]] | None:
+        """Every object of `hit` read and verified (chunks in order, the state object last), or None.
+        Checksums run on a thread pool (zlib releases the GIL): verifying is CPU-bound at ~1 GB/s/core."""
+        keys = [*hit.chunks, hit.key]
+        try:
+            buffers = [self.store.get(key) for key in keys]
+        except StoreUnavailableError as e:
+            self._outage(e)
+            return None
+        pairs = [(k, b) for k, b in zip(keys, buffers, strict=True) if b is not None]
+        decoded = dict(
+            zip([k for k, _ in pairs], _verify_pool().map(lambda kb: decode(*kb), pairs), strict=True)
+        )
+        objects = []
+        for key in keys:
+            tensors = decoded.get(key)
+            if tensors is None:
+                with self._lock:
+                    if key in decoded:
+                        self.stats.misses_corrupt += 1
+                    else:
+                        self.stats.misses_dropped += 1
+                    self._forget_object(key)
+                return None
+            objects.append(tensors)
+        return objects
+
+    def load(self, hit: HostHit, objects: list[list[torch.Tensor]], blocks: list[int], slot: int) -> None:
+        """Copy a fetched state into `blocks` (ceil(depth / B) of them) and state slot `slot`."""
+        c, b = self.layout.chunk_tokens, self.block_size
+        for i, tensors in enumerate(objects[:-1]):
+            self.transfer.scatter_kv(blocks[i * c // b : (i + 1) * c // b], tensors)
+        n = self.transfer.num_state_tensors()
+        state = objects[-1]
+        self.transfer.scatter_state(slot, state[:n])
+        self.transfer.scatter_kv(blocks[len(objects[:-1]) * c // b :], state[n:])
+        with self._lock:
+            s = self._states.get(hit.key)
+            if s is not None:
+                s.priority = self._clock
+        self.stats.restores += 1
+        self.stats.restored_tokens += hit.depth
+
+    def _forget_object(self, key: str) -> None:
+        """A chunk or state object is gone or bad: every state that needs it leaves the index."""
+        if key in self._chunks:
+            self._chunks[key].ready = False
+        for s in [s for s in self._states.values() if s.key == key or key in s.chunks]:
+            self._forget(s)
+
+    # ---- the writer thread --------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            try:
+                job = self._queue.get(timeout=self.retry_seconds if not self.available else None)
+            except queue.Empty:
+                self._try_reconnect()
+                continue
+            try:
+                if job is None:
+                    return
+                if isinstance(job, _Remove):
+                    if self.available:
+                        self.store.remove(job.key)
+                else:
+                    self._write(job)
+            except StoreUnavailableError as e:
+                self._outage(e)
+            except Exception:  # the writer must outlive any one bad job
+                logger.exception("host tier: write-back failed")
+            finally:
+                self._queue.task_done()
+
+    def _write(self, job: _Write) -> None:
+        if job.event is not None:
+            job.event.synchronize()
+        if not self.available:
+            return
+        written = []
+        try:
+            for obj in job.objects:
+                if not self.store.put(obj.key, obj.seal()):
+                    break
+                written.append(obj)
+        finally:
+            with self._lock:
+                state = self._states.get(job.state)
+                if len(written) == len(job.objects) and state is not None:
+                    for obj in written[:-1]:
+                        self._chunks[obj.key].ready = True
+                    state.ready = True
+                    self.stats.states_written += 1
+                    self.stats.objects_written += len(written)
+                    self.stats.bytes_written += sum(o.nbytes for o in written)
+                elif self.available:
+                    self.stats.writes_skipped += 1
+                    for obj in job.objects:  # a chunk another pending state shares is unusable too
+                        if obj.key in self._chunks or obj.key in self._states:
+                            self._forget_object(obj.key)
+                        else:
+                            self._queue.put(_Remove(obj.key))
+
+    def _outage(self, error: Exception) -> None:
+        with self._lock:
+            if not self.available:
+                return
+            self.available = False
+            self.stats.outages += 1
+            self._states.clear()
+            self._by_base.clear()
+            self._chunks.clear()
+            self.used = 0
+        logger.warning(
+            "host tier unavailable (%s): serving from the GPU cache alone; retrying every %.0f s",
+            error,
+            self.retry_seconds,
+        )
+
+    def _try_reconnect(self) -> None:
+        try:
+            ok = self.store.ping()
+        except StoreUnavailableError:
+            ok = False
+        if ok:
+            with self._lock:
+                self.available = True
+                self.stats.reconnects += 1
+            logger.warning("host tier %s reachable again: back in use", self.store.name)
+
+    # ---- lifecycle ----------------------------------------------------------------------------------
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every staged write-back and removal has reached the store (tests, shutdown)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._queue.unfinished_tasks:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError("host tier writes still pending")
+            time.sleep(0.001)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._writer.join(timeout=10)
+        self.store.close()

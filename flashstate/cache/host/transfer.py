@@ -1,0 +1,82 @@
+"""Copies between the device cache tensors (engine/cache_tensors.py) and host-tier object tensors.
+
+    chunk object:  per attention layer  k [C, kv_heads, head_dim], v [C, kv_heads, v_head_dim]
+    state object:  per linear layer     conv [*conv_state_shape], ssm [*state_shape]
+                   per attention layer  k [t, kv_heads, head_dim], v [t, kv_heads, v_head_dim]  (the tail)
+Device → host copies are enqueued on the current stream (ordered before any later write into the same
+blocks or slot) and do not block the host; `event()` marks when they have landed.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from flashstate.engine.cache_tensors import CacheTensors
+
+Spec = tuple[torch.dtype, tuple[int, ...]]
+
+
+class StateTransfer:
+    def __init__(self, caches: CacheTensors, block_size: int):
+        self.caches = caches
+        self.block_size = block_size
+        tensors = [t for pair in caches.kv + caches.states for t in pair]
+        self.device = tensors[0].device if tensors else torch.device("cpu")
+
+    def kv_specs(self, num_tokens: int) -> list[Spec]:
+        return [(t.dtype, (num_tokens, *t.shape[2:])) for pair in self.caches.kv for t in pair]
+
+    def state_specs(self, tail: int) -> list[Spec]:
+        return [(t.dtype, tuple(t.shape[1:])) for pair in self.caches.states for t in pair] + self.kv_specs(
+            tail
+        )
+
+    def num_state_tensors(self) -> int:
+        return 2 * len(self.caches.states)
+
+    # ---- device → host -----------------------------------------------------------------------------
+
+    def gather_kv(self, blocks: list[int], num_tokens: int, out: list[Tensor]) -> None:
+        """KV of the first `num_tokens` positions of `blocks` into `out` (kv_specs order)."""
+        if num_tokens == 0:
+            return
+        idx = torch.tensor(blocks, device=self.device)
+        caches = [t for pair in self.caches.kv for t in pair]
+        for cache, dst in zip(caches, out, strict=True):
+            dst.copy_(cache.index_select(0, idx).flatten(0, 1)[:num_tokens], non_blocking=True)
+
+    def gather_state(self, slot: int, out: list[Tensor]) -> None:
+        caches = [t for pair in self.caches.states for t in pair]
+        for cache, dst in zip(caches, out, strict=True):
+            dst.copy_(cache[slot], non_blocking=True)
+
+    def event(self) -> torch.cuda.Event | None:
+        if self.device.type != "cuda":
+            return None
+        e = torch.cuda.Event()
+        e.record()
+        return e
+
+    # ---- host → device -----------------------------------------------------------------------------
+
+    def scatter_kv(self, blocks: list[int], src: list[Tensor]) -> None:
+        """`src` (kv_specs order, n tokens each) into the first n positions of `blocks`."""
+        caches = [t for pair in self.caches.kv for t in pair]
+        b = self.block_size
+        for cache, s in zip(caches, src, strict=True):
+            n = s.shape[0]
+            if n == 0:
+                continue
+            full = n // b
+            s = s.to(self.device, non_blocking=True)
+            if full:
+                idx = torch.tensor(blocks[:full], device=self.device)
+                cache.index_copy_(0, idx, s[: full * b].view(full, b, *s.shape[1:]))
+            if n % b:
+                cache[blocks[full], : n % b].copy_(s[full * b :])
+
+    def scatter_state(self, slot: int, src: list[Tensor]) -> None:
+        caches = [t for pair in self.caches.states for t in pair]
+        for cache, s in zip(caches, src, strict=True):
+            cache[slot].copy_(s, non_blocking=True)

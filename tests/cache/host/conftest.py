@@ -1,0 +1,28 @@
+import uuid
+
+import torch
+
+from flashstate.cache.cost import PrefillCost
+from flashstate.cache.host.layout import HostLayout
+from flashstate.cache.host.tier import HostTier
+from flashstate.cache.host.transfer import StateTransfer
+from flashstate.engine.cache_tensors import CacheTensors
+
+BLOCK = 4
+CHUNK = 8
+
+
+def make_caches(num_blocks: int = 64, num_slots: int = 8, seed: int = 0) -> CacheTensors:
+    """Two attention layers, one linear layer, random contents."""
+    g = torch.Generator().manual_seed(seed)
+    kv = [
+        (torch.randn(num_blocks, BLOCK, 2, 3, generator=g), torch.randn(num_blocks, BLOCK, 2, 5, generator=g))
+        for _ in range(2)
+    ]
+    states = [(torch.randn(num_slots, 6, 3, generator=g), torch.randn(num_slots, 2, 3, 3, generator=g))]
+    return CacheTensors(kv, states)
+
+
+def make_tier(store, caches: CacheTensors, capacity: int | None = None, retry: float = 0.1) -> HostTier:
+    layout = HostLayout(f"test-{uuid.uuid4().hex[:8]}", CHUNK)
+    return HostTier(store, StateTransfer(caches, BLOCK), layout, PrefillCost(1e-5, 1e-8), capacity, retry)

@@ -1,0 +1,190 @@
+"""The host tier on both stores (the embedded one and a real mooncake_master): round trip, writing only
+what the store lacks, GDS eviction under capacity, dropped and corrupt objects as misses, outages."""
+
+import random
+import time
+
+import pytest
+import torch
+
+from flashstate.cache.host.codec import encode
+from flashstate.cache.host.mooncake import MooncakeStore
+from flashstate.cache.host.store import MemoryStore, StoreUnavailableError
+from tests.cache.host.conftest import BLOCK, CHUNK, make_caches, make_tier
+
+
+@pytest.fixture(params=["memory", "mooncake"])
+def new_store(request):
+    stores = []
+
+    def make(capacity: int = 16 << 20):
+        if request.param == "memory":
+            store = MemoryStore(capacity)
+        else:
+            store = MooncakeStore(request.getfixturevalue("mooncake_master").address, capacity)
+        stores.append(store)
+        return store
+
+    yield make
+    for s in stores:
+        s.close()
+
+
+def _tokens(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(1000) for _ in range(n)]
+
+
+def _blocks(depth: int, first: int = 0) -> list[int]:
+    return list(range(first, first + -(-depth // BLOCK)))
+
+
+def _kv_prefix(caches, blocks, depth):
+    return [t[torch.tensor(blocks)].flatten(0, 1)[:depth] for pair in caches.kv for t in pair]
+
+
+def test_round_trip_restores_kv_and_state_exactly(new_store):
+    caches = make_caches(seed=1)
+    tier = make_tier(new_store(), caches)
+    tokens = _tokens(22, 0)  # two full chunks of 8 and a tail of 6
+    tier.write_back(tokens, 22, _blocks(22), slot=3)
+    tier.flush()
+    assert tier.stats.states_written == 1 and tier.stats.objects_written == 3
+    hit = tier.lookup(tokens + [5, 6, 7], limit=24)
+    assert hit is not None and hit.depth == 22 and len(hit.chunks) == 2
+    objects = tier.fetch(hit)
+    assert objects is not None
+    restore_to = _blocks(22, first=30)  # other blocks and another slot of the same (random) caches
+    assert not torch.equal(caches.states[0][1][5], caches.states[0][1][3])
+    tier.load(hit, objects, restore_to, slot=5)
+    for a, b in zip(_kv_prefix(caches, restore_to, 22), _kv_prefix(caches, _blocks(22), 22), strict=True):
+        assert torch.equal(a, b)
+    for conv, ssm in caches.states:
+        assert torch.equal(conv[5], conv[3]) and torch.equal(ssm[5], ssm[3])
+    assert tier.stats.restores == 1 and tier.stats.restored_tokens == 22
+    tier.close()
+
+
+def test_lookup_needs_the_exact_prefix_and_a_depth_within_the_limit(new_store):
+    tier = make_tier(new_store(), make_caches())
+    tokens = _tokens(22, 0)
+    tier.write_back(tokens, 22, _blocks(22), 0)
+    tier.flush()
+    assert tier.lookup(tokens, limit=21) is None  # the state is deeper than the limit
+    diverged = tokens[:20] + [t + 1 for t in tokens[20:]]
+    assert tier.lookup(diverged + [1], limit=22) is None  # differs in the tail
+    assert tier.lookup([tokens[0] + 1, *tokens[1:]], limit=22) is None  # differs in chunk 0
+    assert tier.lookup(tokens + [1], limit=22).depth == 22
+    tier.close()
+
+
+def test_a_longer_turn_writes_only_the_chunks_the_store_lacks(new_store):
+    tier = make_tier(new_store(), make_caches())
+    first = _tokens(22, 0)
+    tier.write_back(first, 22, _blocks(22), 0)
+    tier.flush()
+    turn = first + _tokens(19, 1)  # 41 tokens: chunks 0, 1 shared, chunks 2..4 new, tail 1
+    tier.write_back(turn, 41, _blocks(41), 1)
+    tier.write_back(turn, 41, _blocks(41), 1)  # the same state again: nothing to write
+    tier.flush()
+    assert tier.stats.states_written == 2
+    assert tier.stats.objects_written == 3 + 4  # (2 chunks + state) then (3 chunks + state)
+    assert tier.lookup(turn + [9], limit=41).depth == 41
+    assert tier.lookup(first + [9], limit=22).depth == 22
+    tier.close()
+
+
+def test_eviction_keeps_capacity_and_drops_the_lowest_priority_state_whole(new_store):
+    store = new_store()
+    caches = make_caches()
+    probe = make_tier(MemoryStore(1 << 30), caches)
+    probe.write_back(_tokens(40, 0), 40, _blocks(40), 0)
+    long_bytes = probe.used
+    probe.close()
+    # Room for two 40-token states: a third state must evict one.
+    tier = make_tier(store, caches, capacity=2 * long_bytes)
+    a, b, c = _tokens(40, 10), _tokens(12, 11), _tokens(40, 12)
+    tier.write_back(a, 40, _blocks(40), 0)
+    tier.write_back(b, 12, _blocks(12), 1)  # short: saves the least prefill per byte
+    tier.flush()
+    tier.write_back(c, 40, _blocks(40), 2)
+    tier.flush()
+    assert tier.used <= tier.capacity and tier.stats.evictions == 1
+    assert tier.lookup(b + [1], 12) is None  # GDS: the short state went, not the older long one
+    assert tier.lookup(a + [1], 40).depth == 40 and tier.lookup(c + [1], 40).depth == 40
+    b_keys = [tier.layout.chunk_key(h) for h in tier.layout.chain(b, 12)[1:]]
+    assert b_keys and not any(store.exists(k) for k in b_keys)  # its objects left the store too
+    tier.close()
+
+
+def test_an_object_the_store_dropped_is_a_miss(new_store):
+    store = new_store()
+    tier = make_tier(store, make_caches())
+    tokens = _tokens(22, 0)
+    tier.write_back(tokens, 22, _blocks(22), 0)
+    tier.flush()
+    hit = tier.lookup(tokens + [1], 22)
+    store.remove(hit.chunks[1])
+    assert tier.fetch(hit) is None
+    assert tier.stats.misses_dropped == 1 and tier.lookup(tokens + [1], 22) is None
+    tier.close()
+
+
+def test_a_corrupt_object_is_a_miss_never_a_restore(new_store):
+    store = new_store()
+    tier = make_tier(store, make_caches())
+    tokens = _tokens(22, 0)
+    tier.write_back(tokens, 22, _blocks(22), 0)
+    tier.flush()
+    hit = tier.lookup(tokens + [1], 22)
+    good = store.get(hit.key).clone()
+    bad = good.clone()
+    bad[-1] ^= 1  # one bit of the last tensor
+    store.remove(hit.key)
+    assert store.put(hit.key, bad)
+    assert tier.fetch(hit) is None
+    assert tier.stats.misses_corrupt == 1 and tier.lookup(tokens + [1], 22) is None
+    tier.close()
+
+
+class _FlakyStore(MemoryStore):
+    down = False
+
+    def put(self, key, data):
+        if self.down:
+            raise StoreUnavailableError("master gone")
+        return super().put(key, data)
+
+    def ping(self):
+        return not self.down
+
+
+def test_an_unreachable_store_is_one_outage_then_a_reconnect():
+    store = _FlakyStore(1 << 20)
+    tier = make_tier(store, make_caches(), retry=0.05)
+    tokens = _tokens(22, 0)
+    tier.write_back(tokens, 22, _blocks(22), 0)
+    tier.flush()
+    store.down = True
+    tier.write_back(_tokens(22, 1), 22, _blocks(22), 1)
+    tier.flush()
+    tier.write_back(_tokens(22, 2), 22, _blocks(22), 2)  # no-op while unavailable
+    assert not tier.available and tier.stats.outages == 1
+    assert tier.lookup(tokens + [1], 22) is None  # the index went with the store
+    store.down = False
+    for _ in range(500):
+        if tier.available:
+            break
+        time.sleep(0.01)
+    assert tier.available and tier.stats.reconnects == 1
+    tier.write_back(tokens, 22, _blocks(22), 0)
+    tier.flush()
+    assert tier.lookup(tokens + [1], 22).depth == 22
+    tier.close()
+
+
+def test_objects_are_raw_tensors_behind_a_header():
+    buf = encode("k", [torch.arange(4, dtype=torch.float32)])
+    assert bytes(buf[:4].numpy()) == b"FSH1"
+    assert torch.equal(buf[-64:-48].view(torch.float32), torch.arange(4, dtype=torch.float32))
+    assert CHUNK % BLOCK == 0

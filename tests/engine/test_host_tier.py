@@ -1,0 +1,168 @@
+"""The host tier through the engine: a state restored from host memory (embedded store or a real
+mooncake_master) gives the same greedy tokens and fp32 logits (1e-5) as full recompute; a master killed
+mid-replay fails no request, and the tier is back in use once the master returns."""
+
+import random
+import signal
+import time
+
+import pytest
+import torch
+
+from flashstate import LLM, SamplingParams
+from flashstate.cache.host.mooncake import start_master
+
+PARAMS = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+ENGINE = dict(block_size=4, max_num_batched_tokens=256, prefill_cost_coefficients=(1e-5, 1e-8))
+
+
+def _capture(llm: LLM) -> dict[str, list[torch.Tensor]]:
+    logits: dict[str, list[torch.Tensor]] = {}
+
+    def hook(ids, rows):
+        for rid, row in zip(ids, rows, strict=True):
+            logits.setdefault(rid, []).append(row.clone())
+
+    llm.engine.runner.on_logits = hook
+    return logits
+
+
+class Agents:
+    """Three agents whose contexts (150-450 tokens: up to two 256-token chunks) grow every turn."""
+
+    def __init__(self, vocab: int, seed: int = 0):
+        self.rng = random.Random(seed)
+        self.vocab = vocab
+        self.contexts = [self._new(150, 450) for _ in range(3)]
+
+    def _new(self, lo: int, hi: int) -> list[int]:
+        return [self.rng.randrange(self.vocab) for _ in range(self.rng.randint(lo, hi))]
+
+    def advance(self, outputs: list[list[int]]) -> None:
+        self.contexts = [c + o + self._new(1, 80) for c, o in zip(self.contexts, outputs, strict=True)]
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_model_dir):
+    llm = LLM(tiny_model_dir, enable_prefix_caching=False, block_size=4, max_num_batched_tokens=4096)
+    return llm, _capture(llm)
+
+
+def _check_round(cached, got, plain, prompts) -> list:
+    ref_llm, want = plain
+    outs, refs = cached.generate(prompts, PARAMS), ref_llm.generate(prompts, PARAMS)
+    for out, ref in zip(outs, refs, strict=True):
+        assert out.finish_reason == "length" and out.token_ids == ref.token_ids
+        for a, b in zip(got[out.request_id], want[ref.request_id], strict=True):
+            assert float((a - b).norm() / b.norm()) <= 1e-5
+    cached.engine.check_integrity()
+    return outs
+
+
+def _drop_gpu_cache(llm: LLM) -> None:
+    """Flush the write-backs, then empty the GPU-side cache: the next turn can only hit the host tier."""
+    llm.engine.host.flush()
+    llm.engine.reset_prefix_cache()
+
+
+@pytest.mark.parametrize("backend", ["memory", "mooncake"])
+def test_host_restores_equal_full_recompute(tiny_model_dir, plain, backend, request):
+    extra = {"host_cache_bytes": 64 << 20}
+    if backend == "mooncake":
+        master = request.getfixturevalue("mooncake_master")
+        extra.update(host_cache="mooncake", mooncake_master=master.address)
+    cached = LLM(tiny_model_dir, **ENGINE, **extra)
+    got = _capture(cached)
+    agents = Agents(cached.engine.spec.vocab_size)
+    host = cached.engine.host
+    for turn in range(4):
+        outs = _check_round(cached, got, plain, agents.contexts)
+        if turn:  # every later turn resumes the previous turn's frontier from the host
+            assert all(o.num_cached_tokens >= len(c) - 80 for o, c in zip(outs, agents.contexts, strict=True))
+        _drop_gpu_cache(cached)
+        agents.advance([o.token_ids for o in outs])
+    assert host.stats.restores == 9 and host.stats.misses_corrupt == host.stats.misses_dropped == 0
+    assert cached.engine.cache.stats.host_hits == 9
+    cached.engine.close()
+
+
+def test_master_killed_mid_replay_then_restarted(tiny_model_dir, plain, tmp_path):
+    master = start_master(log=str(tmp_path / "master.log"))
+    port = int(master.address.rpartition(":")[2])
+    cached = LLM(
+        tiny_model_dir,
+        **ENGINE,
+        host_cache="mooncake",
+        host_cache_bytes=64 << 20,
+        mooncake_master=master.address,
+    )
+    got = _capture(cached)
+    engine, host = cached.engine, cached.engine.host
+    agents = Agents(engine.spec.vocab_size, seed=1)
+    outs = _check_round(cached, got, plain, agents.contexts)
+    _drop_gpu_cache(cached)
+    agents.advance([o.token_ids for o in outs])
+
+    # Mid-replay: the requests are running when the master dies.
+    ids = [engine.add_request(c, PARAMS) for c in agents.contexts]
+    finished = {}
+    for _ in range(2):
+        finished.update({o.request_id: o for o in engine.step() if o.finished})
+    master.process.send_signal(signal.SIGKILL)
+    master.process.wait()
+    while engine.has_unfinished():
+        finished.update({o.request_id: o for o in engine.step() if o.finished})
+    refs = plain[0].generate(agents.contexts, PARAMS)
+    assert [finished[i].token_ids for i in ids] == [r.token_ids for r in refs]
+    assert [finished[i].finish_reason for i in ids] == ["length"] * 3
+    agents.advance([finished[i].token_ids for i in ids])
+
+    # The engine keeps serving on the GPU cache alone; the outage is noticed and counted once.
+    for _ in range(2):
+        outs = _check_round(cached, got, plain, agents.contexts)
+        assert all(o.num_cached_tokens > 0 for o in outs)  # GPU hits
+        host.flush()
+        agents.advance([o.token_ids for o in outs])
+    assert not host.available and host.stats.outages == 1
+
+    # The master returns (same port): the tier reconnects and serves restores again.
+    master = start_master(port, log=str(tmp_path / "master2.log"))
+    try:
+        for _ in range(3000):
+            if host.available:
+                break
+            time.sleep(0.01)
+        assert host.available and host.stats.reconnects == 1
+        restores = host.stats.restores
+        outs = _check_round(cached, got, plain, agents.contexts)  # written back to the new master
+        _drop_gpu_cache(cached)
+        agents.advance([o.token_ids for o in outs])
+        outs = _check_round(cached, got, plain, agents.contexts)
+        assert host.stats.restores == restores + 3
+        assert host.stats.outages == 1
+        engine.close()
+    finally:
+        master.stop()
+
+
+def test_a_host_state_deeper_than_the_gpu_hit_wins(tiny_model_dir, plain):
+    cached = LLM(tiny_model_dir, **ENGINE, host_cache_bytes=64 << 20)
+    got = _capture(cached)
+    engine = cached.engine
+    agents = Agents(engine.spec.vocab_size, seed=2)
+    contexts = []
+    for _ in range(2):
+        outs = _check_round(cached, got, plain, agents.contexts)
+        contexts.append([list(o.prompt_token_ids) + o.token_ids[:-1] for o in outs])
+        agents.advance([o.token_ids for o in outs])
+    engine.host.flush()
+    for frontier in contexts[-1]:  # the GPU cache loses the newest frontiers, keeps the older ones
+        node = engine.cache.tree.match(frontier).node
+        assert node.end == len(frontier) and node.slot is not None
+        engine.cache._evict(node, "test")  # noqa: SLF001
+    gpu = [engine.cache.tree.match(c, len(c) - 1).depth for c in agents.contexts]
+    outs = _check_round(cached, got, plain, agents.contexts)
+    assert [o.num_cached_tokens for o in outs] == [len(f) for f in contexts[-1]]
+    assert all(0 < g < len(f) for g, f in zip(gpu, contexts[-1], strict=True))  # a shallower GPU hit
+    assert engine.host.stats.restores == 3
+    engine.close()
