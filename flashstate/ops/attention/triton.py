@@ -17,6 +17,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+SMEM_BUDGET = 200 * 1024  # bytes of shared memory a tile may plan for (the H100/H200 allow 227 KiB)
+
 LOG2E = 1.4426950408889634
 NUM_SMS = 132  # H200; only shapes the decode split count
 
@@ -292,6 +294,15 @@ def paged_attention(
     bn = block_n or (64 if decode or bd > 128 else 128)
     warps = num_warps or (4 if decode else 8)
     stages = num_stages or (2 if bd > 128 else 3)
+    if q.element_size() > 2:
+        # The tiles above are tuned for 16-bit inputs; fp32 ones (the exactness checks) take twice the
+        # shared memory: shrink until the q tile plus `stages` K/V tiles fit (measured: fp32, d 256,
+        # 128×64 tiles asked for 384 KiB).
+        smem = lambda m, nk: (m * bd + stages * nk * (bd + bdv)) * q.element_size()  # noqa: E731
+        while block_n is None and bn > 16 and smem(bm, bn) > SMEM_BUDGET:
+            bn //= 2
+        while block_m is None and not decode and bm > max(16, g) and smem(bm, bn) > SMEM_BUDGET:
+            bm //= 2
     if bm < g:
         raise ValueError(f"block_m {bm} is smaller than the GQA group {g}")
     cu = cu_seqlens.to(device=q.device)
