@@ -16,16 +16,16 @@ from the head; a hashed page taken there loses its key (the eviction). A `free` 
 the tail (LRU) and prepends unhashed ones (scratch pages are reused first); a hit `touch`es pages out of
 the queue. A request frees its groups in group order, each group's pages tail first.
 
-A request's life (one request per `begin`/`end` pair; vLLM schedules them the same way when requests
-run one at a time):
-  begin  lookup (attention run A capped at L - 1, deepest state with all groups at a multiple of B
-         up to A), touch the hit, then the prefill chunks vLLM's scheduler cuts: stops at the junction J
-         = A (when A > hit), at R = floor((L - 1)/B)·B, and at max_chunk_tokens (aligned down to B).
-         Each step frees the state pages below the running state, allocates at most one state page per
-         state group (the running state) and the attention pages the chunk needs, then caches the full
-         attention blocks and the state pages at R and J only (retention interval 0).
-  end    the decode steps of the generated tokens (KV of every full block of prompt + output[:-1]
-         cached; no state kept inside the output), then the free.
+A request's life (exactly vLLM's sequence of pool operations when requests run one at a time):
+  begin    lookup (attention run A capped at L - 1; the deepest state held by every state group at a
+           multiple of B up to A), then touch the hit.
+  advance  the steps our engine has computed past: first the prefill chunks vLLM's scheduler cuts (stops
+           at the junction J = A when A > hit, at R = floor((L - 1)/B)·B, and at max_chunk_tokens
+           aligned down to B), then one step per decoded token. A step frees the state pages below the
+           running state, takes at most one state page per state group (the new running state) and the
+           attention pages it needs, then caches the full attention blocks and the state pages at R and
+           J only (retention interval 0): so no state survives inside the output.
+  end      the remaining steps, then the free.
 """
 
 from __future__ import annotations
@@ -60,7 +60,6 @@ class _Request:
     retired: list[int] = field(default_factory=list)  # per state group: block indices already freed below
     hit: int = 0
     attention_hit: int = 0
-    chunks: list[tuple[int, int]] = field(default_factory=list)
 
 
 class VllmPagePool:
@@ -168,6 +167,13 @@ class VllmPagePool:
         hashes = block_hashes(tokens[: (len(tokens) - 1) // B * B], B)
         return self._lookup(hashes)[:2]
 
+    def holds_state(self, tokens: list[int], depth: int) -> bool:
+        """Whether every state group holds the state after tokens[:depth] (a hit could end there)."""
+        if depth <= 0 or depth % self.block_size:
+            return False
+        h = block_hashes(tokens[:depth], self.block_size)[-1]
+        return self._state_key_count(h) == self.num_state_groups
+
     def _lookup(self, hashes: list[int]) -> tuple[int, int, list[int], list[int]]:
         B, attn = self.block_size, []
         for h in hashes:
@@ -189,12 +195,19 @@ class VllmPagePool:
     # ---- a request's life -----------------------------------------------------------------------
 
     def pages_needed(self, prompt_len: int, hit: int) -> int:
-        """Free pages the prefill takes at its peak (vLLM schedules a request only when they exist)."""
+        """Free pages the prefill takes at its peak: its attention blocks, and per state group the running
+        state plus the one it continues from. (vLLM checks only the next chunk; alone, a request that
+        passes this check never stalls inside its prefill.)"""
         B = self.block_size
-        return self.num_state_groups + -(-prompt_len // B) - hit // B
+        return 2 * self.num_state_groups + -(-prompt_len // B) - hit // B
+
+    def fits(self, num_tokens: int) -> bool:
+        """Whether a request of this many tokens can ever be admitted (with its hit touched)."""
+        return self.pages_needed(num_tokens, 0) + self.num_state_groups <= self.num_pages - 1
 
     def begin(self, rid: str, prompt: list[int]) -> int | None:
-        """Look up, touch and prefill a new request; the hit, or None (nothing changed) if it cannot fit."""
+        """Look up a new request and touch its hit; the hit, or None (nothing changed) if its prefill could
+        not get its pages now. `advance` then runs its steps."""
         if rid in self.requests:
             raise ValueError(f"request {rid!r} already holds pages")
         B, L = self.block_size, len(prompt)
@@ -217,19 +230,28 @@ class VllmPagePool:
         self._touch(attn)
         req.num_cached = [len(b) for b in req.blocks]
         req.computed = hit
-        while req.computed < L:
-            end = self._chunk_end(req)
-            req.chunks.append((req.computed, end))
-            self._step(req, end - req.computed)
         return hit
 
-    def end(self, rid: str, tokens: list[int]) -> None:
-        """Run the decode steps of `tokens` (prompt + every generated token) and free the request."""
+    def advance(self, rid: str, tokens: list[int], computed: int) -> None:
+        """Run the request's steps (vLLM's prefill chunks, then one token per decode step) that end at or
+        before `computed`; `tokens` (prompt + generated so far) only grows. A step the pool cannot give
+        pages waits for a later call (only with requests running side by side, where vLLM would have
+        preempted one)."""
         req = self.requests[rid]
-        req.tokens = list(tokens)
-        req.hashes = block_hashes(tokens, self.block_size)
-        while req.computed < len(tokens) - 1:
-            self._step(req, 1)
+        req.tokens = tokens
+        while True:
+            end = self._chunk_end(req) if req.computed < req.num_prompt_tokens else req.computed + 1
+            if end > computed:
+                return
+            if len(req.hashes) < len(tokens) // self.block_size:
+                req.hashes = block_hashes(tokens, self.block_size)
+            if not self._step(req, end - req.computed):
+                return
+
+    def end(self, rid: str, tokens: list[int]) -> None:
+        """Run the remaining steps of `tokens` (prompt + every generated token; the last one is never
+        computed) and free the request."""
+        self.advance(rid, tokens, len(tokens) - 1)
         self.release(rid)
 
     def release(self, rid: str) -> None:
@@ -257,18 +279,24 @@ class VllmPagePool:
         )
         return min((s for s in stops if start < s < end), default=end)
 
-    def _step(self, req: _Request, n: int) -> None:
-        """One scheduler step computing tokens [computed, computed + n) (vLLM's `allocate_slots`)."""
+    def _step(self, req: _Request, n: int) -> bool:
+        """One scheduler step computing tokens [computed, computed + n) (vLLM's `allocate_slots`); False
+        (nothing allocated) when the pool lacks the pages."""
         B, total = self.block_size, req.computed
         for g in range(self.num_state_groups):
             self._retire_states(req, g, total)
         num_tokens = total + n
+        need = -(-num_tokens // B)
+        states = sum(need > len(req.blocks[g]) for g in range(self.num_state_groups))
+        if states + max(need - len(req.blocks[self.attention_group]), 0) > self.num_free:
+            return False
         for g in range(self.num_state_groups):
             self._allocate_state(req, g, num_tokens)
         attn = req.blocks[self.attention_group]
         attn.extend(self._take(max(-(-num_tokens // B) - len(attn), 0)))
         self._cache_blocks(req, min(num_tokens, len(req.tokens)))
         req.computed = num_tokens
+        return True
 
     def _retire_states(self, req: _Request, g: int, processed: int) -> None:
         """Free the state pages below the running state (`MambaManager.remove_skipped_blocks`)."""

@@ -18,8 +18,9 @@ from flashstate.cache.block_pool import BlockPool
 from flashstate.cache.cost import DEFAULT_COST, PrefillCost
 from flashstate.cache.manager import CacheManager
 from flashstate.cache.memory_plan import CachePlan, plan_cache
-from flashstate.cache.policy import build_policy
+from flashstate.cache.policy import build_policy, vllm_geometry
 from flashstate.cache.state_pool import StatePool
+from flashstate.cache.vllm_pages import VllmPagePool
 from flashstate.config import EngineConfig
 from flashstate.engine.cache_tensors import CacheTensors
 from flashstate.engine.calibration import load_or_calibrate, max_calibration_tokens
@@ -79,6 +80,7 @@ class LLMEngine:
             build_policy(config, self.spec, self.dtype, self.cost),
             max_checkpoints=self.plan.num_slots - self.plan.num_working_slots,
             copy_block=caches.copy_block,
+            pages=self._vllm_pages(),
         )
         self.scheduler = Scheduler(
             self.cache, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len
@@ -88,6 +90,15 @@ class LLMEngine:
         self._ids = itertools.count()
         logger.info(
             "%s on %s (%s): %s", self.spec.architecture, self.device, self.dtype, self.plan.describe()
+        )
+
+    def _vllm_pages(self) -> VllmPagePool | None:
+        """The `vllm` policy's emulated vLLM page pool, of the pages the cache budget buys."""
+        if self.plan.num_pages is None:
+            return None
+        geo = vllm_geometry(self.config, self.spec, self.dtype)
+        return VllmPagePool(
+            self.plan.num_pages, geo.block, geo.num_state_groups, self.config.max_num_batched_tokens
         )
 
     def _prefill_cost(self, caches: CacheTensors) -> PrefillCost:

@@ -70,6 +70,8 @@ def test_scratch_pages_go_first_and_evictions_report_lost_states() -> None:
     # used pages, then a's state at 8 (freed during decode), then its attention blocks tail first.
     fresh = list(range(200, 236))  # 9 attention pages + state pages: takes the cached ones last
     assert pool.begin("c", fresh) == 0
+    assert lost == []  # begin only looks up and touches
+    pool.advance("c", fresh, 32)  # the chunk [0, 32) to R
     assert lost == [8]
     pool.end("c", fresh + [1])
     pool.check_integrity()
