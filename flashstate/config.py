@@ -117,6 +117,10 @@ class EngineConfig:
             raise ValueError(f"host_cache must be memory, mooncake or None, got {self.host_cache!r}")
         if self.host_tier is not None and not self.prefix_caching:
             raise ValueError("the host tier (host_cache, host_cache_bytes) needs prefix caching on")
+        if self.host_tier is not None and self.cache_policy == "vllm":
+            raise ValueError(
+                "the host tier is not part of the vllm policy (it reproduces vLLM's GPU prefix cache alone)"
+            )
         if self.host_cache == "mooncake" and self.mooncake_master is None:
             raise ValueError("host_cache='mooncake' needs mooncake_master HOST:PORT")
         if self.mooncake_master is None:

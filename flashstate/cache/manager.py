@@ -15,6 +15,11 @@ state than the GPU tree; `release` of a finished request writes its state back (
 
 Ownership: a block's ref count = tree nodes holding it + sequences whose block table holds it. A slot
 is owned by one running sequence, one tree node, or one in-flight export.
+
+With `pages` (the `vllm` policy), an emulation of vLLM's page pool (cache/vllm_pages.py) decides: it
+gives each request its hit depth and junction, refuses admission while it lacks free pages, and every
+state it loses is evicted from the tree; the tree keeps a checkpoint only while the pool holds that
+state, and no KV-only paths (the pool tracks vLLM's attention blocks).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from flashstate.cache.policy import Policy
 from flashstate.cache.state_pool import StatePool
 from flashstate.cache.stats import CacheStats
 from flashstate.cache.tree import Match, Node, RadixTree
+from flashstate.cache.vllm_pages import VllmPagePool
 from flashstate.engine.sequence import Sequence
 
 
@@ -41,6 +47,7 @@ class CacheManager:
         copy_block: Callable[[int, int], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         host: HostTier | None = None,
+        pages: VllmPagePool | None = None,
     ):
         self.block_pool = block_pool
         self.state_pool = state_pool
@@ -53,6 +60,9 @@ class CacheManager:
         self._inflight: set[int] = set()  # export slots between schedule and commit
         self.num_checkpoints = 0
         self.host = host
+        self.pages = pages
+        if pages is not None:
+            pages.on_state_lost = self._drop_lost_state
 
     @property
     def block_size(self) -> int:
@@ -63,6 +73,8 @@ class CacheManager:
         return self.policy is not None
 
     def can_ever_fit(self, num_tokens: int) -> bool:
+        if self.pages is not None and not self.pages.fits(num_tokens):
+            return False
         return self.block_pool.blocks_for(num_tokens) <= self.block_pool.num_blocks
 
     # ---- admission ------------------------------------------------------------------------------
@@ -75,7 +87,11 @@ class CacheManager:
         seq.state_slot = slot
         if not self.enabled:
             return True
-        match = self.tree.match(seq.token_ids, limit=len(seq.token_ids) - 1)
+        match = self._match(seq)
+        if match is None:  # the emulated vLLM pool lacks free pages: wait, like vLLM's scheduler
+            self.state_pool.free(slot)
+            seq.state_slot = None
+            return False
         self._lock(match.node, +1)  # from here on nothing on the hit path can be evicted
         if self.host is not None and self._restore_from_host(seq, match):
             return True
@@ -101,6 +117,22 @@ class CacheManager:
         seq.export_plan = self.policy.plan_exports(seq, match)
         return True
 
+    def _match(self, seq: Sequence) -> Match | None:
+        if self.pages is None:
+            return self.tree.match(seq.token_ids, limit=len(seq.token_ids) - 1)
+        hit = self.pages.begin(seq.request_id, seq.token_ids)
+        if hit is None:
+            return None
+        match = self.tree.match(seq.token_ids, limit=hit)
+        if match.depth != hit:  # the tree lost a state the pool holds (its own pools ran short)
+            self.stats.evictions["vllm_pool_divergence"] += 1
+        return Match(match.node, match.depth, self.pages.requests[seq.request_id].attention_hit)
+
+    def _drop_lost_state(self, tokens: list[int], depth: int) -> None:
+        match = self.tree.match(tokens[:depth])
+        if match.depth == depth:
+            self._evict(match.node, "vllm_pool")
+
     def record_admission(self, seq: Sequence) -> None:
         """Count a request's prefix-cache lookup once, when it is first admitted for good (an admission
         undone for lack of blocks, or a re-admission after preemption, does not count)."""
@@ -120,6 +152,8 @@ class CacheManager:
 
     def allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Make the block table cover num_computed_tokens + num_new_tokens; False (nothing taken) if short."""
+        if self.pages is not None:
+            self.pages.advance(seq.request_id, seq.token_ids, seq.num_computed_tokens)
         need = self.block_pool.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
         if need <= 0:
             return True
@@ -153,6 +187,8 @@ class CacheManager:
     def commit_export(self, seq: Sequence, depth: int, slot: int) -> None:
         """The slot now holds the state after token depth - 1 of `seq` (whose KV is computed)."""
         self._inflight.discard(slot)
+        if self.pages is not None:
+            self.pages.advance(seq.request_id, seq.token_ids, depth)
         self._insert_checkpoint(seq, depth, slot, frontier=False)
 
     def release(self, seq: Sequence, commit: bool) -> None:
@@ -163,7 +199,12 @@ class CacheManager:
         if commit and frontier and seq.num_computed_tokens and seq.state_slot is not None:
             slot, seq.state_slot = seq.state_slot, None
             self._insert_checkpoint(seq, seq.num_computed_tokens, slot, frontier=True)
-        if commit and self.enabled and self.policy.decode_kv:
+        if self.pages is not None:
+            if commit:
+                self.pages.end(seq.request_id, seq.token_ids[: seq.num_computed_tokens + 1])
+            else:
+                self.pages.release(seq.request_id)
+        elif commit and self.enabled and self.policy.decode_kv:
             # vLLM keeps the KV of every full block of prompt + output[:-1], with no state behind it.
             depth = seq.num_computed_tokens // self.policy.checkpoint_block * self.policy.checkpoint_block
             if depth:
@@ -213,6 +254,9 @@ class CacheManager:
 
     def _insert_checkpoint(self, seq: Sequence, depth: int, slot: int, frontier: bool) -> None:
         now = self._clock()
+        if self.pages is not None and not self.pages.holds_state(seq.token_ids, depth):
+            self.state_pool.free(slot)  # already evicted from the emulated pool
+            return
         node, _ = self.tree.insert(seq.token_ids, seq.block_table, depth)
         if node.slot is not None:  # already checkpointed (another request got here first)
             self.state_pool.free(slot)
@@ -323,3 +367,15 @@ class CacheManager:
             )
         self.block_pool.check_integrity(refs)
         self.state_pool.check_integrity(slots)
+        if self.pages is not None:
+            self._check_pages(live)
+
+    def _check_pages(self, live: list[Sequence]) -> None:
+        """The pool's own accounting holds, it holds pages for exactly the live sequences, and every tree
+        checkpoint is a state the pool holds."""
+        self.pages.check_integrity()
+        if set(self.pages.requests) != {seq.request_id for seq in live}:
+            raise AssertionError(f"pool requests {sorted(self.pages.requests)} != live sequences")
+        for node in self.tree.nodes():
+            if node.slot is not None and not self.pages.holds_state(self.tree.path_tokens(node), node.end):
+                raise AssertionError(f"checkpoint at {node.end} is not held by the vLLM page pool")

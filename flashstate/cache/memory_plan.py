@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from flashstate.cache.policy import vllm_geometry
 from flashstate.config import EngineConfig
 from flashstate.engine.cache_tensors import kv_bytes_per_block, state_bytes_per_slot
 from flashstate.models.spec import ModelSpec
@@ -22,6 +23,9 @@ class CachePlan:
     num_working_slots: int
     bytes_per_block: int
     bytes_per_slot: int
+    # vllm policy: pages of the emulated vLLM pool (cache/vllm_pages.py) the budget buys; the physical
+    # blocks and slots above are then over-provisioned so that they never bind before the emulated pool.
+    num_pages: int | None = None
 
     @property
     def kv_bytes(self) -> int:
@@ -38,6 +42,7 @@ class CachePlan:
             f"({self.num_blocks * self.block_size} tokens, {self.kv_bytes / mib:.1f} MiB); "
             f"state pool: {self.num_slots} slots ({self.num_working_slots} working, "
             f"{self.num_slots - self.num_working_slots} checkpoints, {self.state_bytes / mib:.1f} MiB)"
+            + ("" if self.num_pages is None else f"; emulated vLLM pool: {self.num_pages} pages (binding)")
         )
 
 
@@ -45,6 +50,9 @@ def plan_cache(spec: ModelSpec, config: EngineConfig, dtype: torch.dtype, budget
     block = max(kv_bytes_per_block(spec, config.block_size, dtype), 1)
     slot = max(state_bytes_per_slot(spec, dtype), 1)
     working = config.max_num_seqs
+    hybrid = bool(spec.attention_layer_ids and spec.linear_layer_ids)
+    if config.prefix_caching and config.cache_policy == "vllm" and hybrid:
+        return _plan_vllm(spec, config, dtype, budget_bytes, block, slot)
     left = budget_bytes - working * slot
     checkpoints = int(left * config.state_cache_fraction) // slot if config.enable_prefix_caching else 0
     num_blocks = (left - checkpoints * slot) // block
@@ -55,3 +63,23 @@ def plan_cache(spec: ModelSpec, config: EngineConfig, dtype: torch.dtype, budget
             f"or lower max_num_seqs"
         )
     return CachePlan(num_blocks, config.block_size, working + checkpoints, working, block, slot)
+
+
+def _plan_vllm(
+    spec: ModelSpec, config: EngineConfig, dtype: torch.dtype, budget_bytes: int, block: int, slot: int
+) -> CachePlan:
+    """The budget buys vLLM's page pool, which alone decides what the cache keeps. Physically this baseline
+    is over-provisioned: blocks for twice the tokens all pages could hold as attention blocks (the tree
+    may keep the KV under a state whose attention pages vLLM already evicted), and a checkpoint slot for
+    every state the pages could hold, plus one in-flight export per running sequence."""
+    geo = vllm_geometry(config, spec, dtype)
+    pages = geo.num_pages(budget_bytes)
+    if pages < 2:
+        raise ValueError(
+            f"cache budget of {budget_bytes} bytes buys {pages} vLLM pages of {geo.page_bytes} bytes; "
+            f"the vllm policy needs at least 2: raise kv_cache_memory_bytes"
+        )
+    num_blocks = 2 * pages * -(-geo.block // config.block_size) + config.max_num_seqs
+    checkpoints = pages // max(geo.num_state_groups, 1) + config.max_num_seqs
+    working = config.max_num_seqs
+    return CachePlan(num_blocks, config.block_size, working + checkpoints, working, block, slot, pages)

@@ -19,7 +19,14 @@ slot alone.
     of B up to A; a prefill keeps states only at R = floor((L − 1)/B)·B and at the junction A (when
     deeper than the hit); at request end the KV of the full blocks of prompt + output[:-1] stays, with
     no state. So a next turn hits about floor(previous prompt / B)·B, and a prompt sharing 1500 of an
-    earlier 2000 tokens hits nothing (B = 288) but leaves a junction state. Eviction: LRU.
+    earlier 2000 tokens hits nothing (B = 288) but leaves a junction state. Eviction is vLLM's own: in
+    the engine the cache manager runs `VllmPagePool` (cache/vllm_pages.py), a page-level emulation of
+    vLLM's one pool shared by attention blocks and per-layer-group state pages (LRU free queue, scratch
+    pages reused first, tail blocks and group 0's state copy evicted first, hits touched out of the
+    queue), sized from the byte budget (`VllmGeometry`); it decides every hit and evicts from the tree
+    every state it loses. It reproduces real vLLM's cached tokens and per-request block/state traces on
+    all 35 requests of benchmarks/vllm_reference at ample memory and at 192/128/96/64/48 pages. Without
+    a page pool (unit tests), the tree's own LRU over blocks stands in.
 `sglang` — SGLang's MambaRadixCache: a state at the end of each inserted sequence (prompt + computed
     output at request end); a split node keeps no state (a tombstone that still serves KV); states and
     KV leaves are evicted least recently used first; a state-less leaf is removed at once.
@@ -116,6 +123,36 @@ def vllm_block_size(
     return a * -(-state_bytes_per_layer // (a * attention_bytes_per_token))
 
 
+@dataclass(frozen=True, slots=True)
+class VllmGeometry:
+    """vLLM's page pool for a model: block B, and the KV-cache groups sharing one pool of pages.
+
+    vLLM groups layers so that every group has the same number of layers (here min(attention, linear)
+    layer counts: 1 attention group and linear/attention state groups for the usual 1:3 hybrids); a page
+    is B tokens of one group's attention layers, or one state of one group's linear layers, padded to the
+    larger of the two."""
+
+    block: int
+    num_state_groups: int
+    page_bytes: int
+
+    def num_pages(self, budget_bytes: int) -> int:
+        """vLLM's num_gpu_blocks for a KV-cache budget (page 0 is its null page)."""
+        return budget_bytes // max(self.page_bytes, 1)
+
+
+def vllm_geometry(config: EngineConfig, spec: ModelSpec, dtype: torch.dtype) -> VllmGeometry:
+    n_attn, n_lin = len(spec.attention_layer_ids), len(spec.linear_layer_ids)
+    per_token = kv_bytes_per_block(spec, config.block_size, dtype) // max(config.block_size * n_attn, 1)
+    state = state_bytes_per_slot(spec, dtype) // max(n_lin, 1)
+    block = config.mamba_block_size
+    if block is None:
+        cuda = config.device.startswith("cuda") or (config.device == "auto" and torch.cuda.is_available())
+        block = vllm_block_size(per_token, state, config.block_size, 128 if cuda else 32)
+    group = min(n_attn, n_lin) or max(n_attn, n_lin, 1)
+    return VllmGeometry(block, -(-n_lin // group), max(block * per_token, state) * group)
+
+
 def build_policy(
     config: EngineConfig, spec: ModelSpec, dtype: torch.dtype, cost: PrefillCost
 ) -> Policy | None:
@@ -136,13 +173,7 @@ def build_policy(
             **common,
         )
     if config.cache_policy == "vllm":
-        block = config.mamba_block_size
-        if block is None:
-            n_attn, n_lin = len(spec.attention_layer_ids), len(spec.linear_layer_ids)
-            per_token = block_bytes // max(config.block_size * n_attn, 1)
-            cuda = config.device.startswith("cuda") or (config.device == "auto" and torch.cuda.is_available())
-            alignment = 128 if cuda else 32
-            block = vllm_block_size(per_token, slot_bytes // max(n_lin, 1), config.block_size, alignment)
+        block = vllm_geometry(config, spec, dtype).block
         eviction = config.prefix_cache_eviction or "lru"
         return Policy("vllm", eviction=eviction, checkpoint_block=block, decode_kv=True, **common)
     return Policy("sglang", eviction=config.prefix_cache_eviction or "lru", frontier=True, **common)

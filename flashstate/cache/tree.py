@@ -111,6 +111,10 @@ class RadixTree:
                 best = child
         return Match(best, best.end, pos)
 
+    def path_tokens(self, node: Node) -> list[int]:
+        """The token ids of positions [0, node.end)."""
+        return [t for n in node.path() for t in n.tokens]
+
     def block_table(self, node: Node) -> list[int]:
         """Blocks holding the KV of positions [0, node.end): per block index, the deepest node's block."""
         table: list[int] = []

@@ -13,6 +13,7 @@ from flashstate.cache.cost import PrefillCost
 from flashstate.cache.manager import CacheManager
 from flashstate.cache.policy import Policy
 from flashstate.cache.state_pool import StatePool
+from flashstate.cache.vllm_pages import VllmPagePool
 from flashstate.engine.sequence import Sequence
 from flashstate.sampling_params import SamplingParams
 
@@ -47,6 +48,8 @@ class CacheMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.now = 0.0
+        # vllm: an emulated vLLM pool (2 state groups + attention, pages of 8 tokens) decides hits.
+        pages = VllmPagePool(24, 8, num_state_groups=2, max_chunk_tokens=16)
         self.cache = CacheManager(
             BlockPool(28, BLOCK),
             StatePool(10),
@@ -54,6 +57,7 @@ class CacheMachine(RuleBasedStateMachine):
             max_checkpoints=6,
             copy_block=lambda src, dst: None,
             clock=lambda: self.now,
+            pages=pages if self.policy_name == "vllm" else None,
         )
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
@@ -150,6 +154,10 @@ class CacheMachine(RuleBasedStateMachine):
     @invariant()
     def integrity(self):
         self.cache.check_integrity(self.running)
+        evictions = self.cache.stats.evictions
+        if self.cache.pages is not None and not (evictions["capacity_kv"] or evictions["capacity_state"]):
+            # Until the tree's own (small) pools evict, it holds every state the vLLM pool offers.
+            assert evictions["vllm_pool_divergence"] == 0
         for seq in self.running:
             assert len(seq.block_table) * BLOCK >= seq.num_computed_tokens
 
@@ -193,3 +201,24 @@ def test_the_machine_reaches_hits_evictions_and_exports():
     s = machine.cache.stats
     assert s.hits > 20 and s.evictions["capacity_kv"] > 5 and s.evictions["capacity_state"] > 5, s
     assert s.admissions_refused > 0 and machine.num_exports > 20
+
+
+def test_the_vllm_machine_reaches_hits_and_pool_evictions():
+    """The vllm machine is not vacuous either: its emulated page pool gives hits and evicts states."""
+    rng = random.Random(0)
+    machine = type("Machine_vllm_walk", (CacheMachine,), {"policy_name": "vllm"})()
+    for _ in range(3000):
+        action = rng.choice(["new", "new", "admit", "step", "step", "step", "finish", "pressure"])
+        if action == "new":
+            machine.new_request(rng.randrange(2**16), rng.choice(["fresh", "next_turn", "fork", "resend"]))
+        elif action == "admit" and machine.waiting and len(machine.running) < 6:
+            machine.admit()
+        elif action == "step" and machine.running:
+            machine.step(rng.randrange(6), rng.randint(1, 9), rng.randrange(3))
+        elif action == "finish" and machine.running:
+            machine.finish(rng.randrange(6), rng.random() < 0.9)
+        elif action == "pressure":
+            machine.pressure(rng.randint(1, 28))
+        machine.integrity()
+    s = machine.cache.stats
+    assert s.hits > 10 and s.evictions["vllm_pool"] > 5 and machine.cache.pages.num_evicted > 20, s
