@@ -13,14 +13,14 @@ CHUNK = 8
 
 
 def make_caches(num_blocks: int = 64, num_slots: int = 8, seed: int = 0) -> CacheTensors:
-    """Two attention layers, one linear layer, random contents."""
+    """Two attention layers, one linear layer, random contents (the last block and slot are the pad rows)."""
     g = torch.Generator().manual_seed(seed)
     kv = [
         (torch.randn(num_blocks, BLOCK, 2, 3, generator=g), torch.randn(num_blocks, BLOCK, 2, 5, generator=g))
         for _ in range(2)
     ]
     states = [(torch.randn(num_slots, 6, 3, generator=g), torch.randn(num_slots, 2, 3, 3, generator=g))]
-    return CacheTensors(kv, states)
+    return CacheTensors(kv, states, pad_block=num_blocks - 1, pad_slot=num_slots - 1)
 
 
 def make_tier(store, caches: CacheTensors, capacity: int | None = None, retry: float = 0.1) -> HostTier:
