@@ -29,6 +29,8 @@ from flashstate.ops.attention.triton import attention_flops
 from flashstate.ops.attention.triton import paged_attention as triton_paged_attention
 from flashstate.ops.gated_delta_rule import naive as gdn_naive
 from flashstate.ops.kda import naive as kda_naive
+from flashstate.ops.pooled import chunk_offsets
+from flashstate.ops.pooled_triton import states_at_exports_fused
 from flashstate.ops.short_conv import naive as conv_naive
 from flashstate.ops.ssd import naive as ssd_naive
 
@@ -298,12 +300,23 @@ def time_recurrent() -> None:
                 use_qk_l2norm_in_kernel=True,
             )
         )
+        # the export kernel alone on tensors of the pass's shapes (GPU time, free of host overhead)
+        cu_long = cu.long()
+        h_all = torch.randn(1, t // 64, h, d, d, device=DEV, dtype=BF16)
+        g_cum = gate.cumsum(1).contiguous()
+        export_only = ms(
+            lambda: states_at_exports_fused(
+                h_all, k, v, g_cum, cu_long, chunk_offsets(cu_long, 64), exports, 64, torch.float32
+            )
+        )
         record(
             "time",
             f"{name}.chunk.32k_h16_d128",
             ms=base,
             ms_4_exports=with_exp,
             export_overhead_pct=100 * (with_exp - base) / base,
+            export_kernel_ms=export_only,
+            export_kernel_pct=100 * export_only / base,
             fla_public_ms=fla,
         )
 

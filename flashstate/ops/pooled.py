@@ -10,14 +10,16 @@ from torch import Tensor
 
 def gather_states(state_pool: Tensor, state_indices: Tensor, has_initial_state: Tensor) -> Tensor:
     """[N, *state] fp32: slot `state_indices[i]` of the pool, zeros where `has_initial_state[i]` is False."""
-    states = state_pool.index_select(0, state_indices.long()).float()
+    states = state_pool.index_select(0, state_indices.to(device=state_pool.device, dtype=torch.long)).float()
     keep = has_initial_state.to(device=states.device, dtype=torch.bool)
     return torch.where(keep.view(-1, *([1] * (states.dim() - 1))), states, 0.0)
 
 
 def scatter_states(state_pool: Tensor, state_indices: Tensor, states: Tensor) -> None:
     """Write [N, *state] back to the pool slots `state_indices` (in place)."""
-    state_pool.index_copy_(0, state_indices.long(), states.to(state_pool.dtype))
+    state_pool.index_copy_(
+        0, state_indices.to(device=state_pool.device, dtype=torch.long), states.to(state_pool.dtype)
+    )
 
 
 def chunk_offsets(cu_seqlens: Tensor, chunk_size: int) -> Tensor:

@@ -10,7 +10,7 @@ from torch import Tensor
 
 
 @triton.jit
-def _zero_fresh_kernel(pool, indices, has_initial, slot_numel, BLOCK: tl.constexpr):
+def _zero_fresh_kernel(pool, indices, has_initial, slot_stride, slot_numel, BLOCK: tl.constexpr):
     i = tl.program_id(0)
     if tl.load(has_initial + i) == 0:
         slot = tl.load(indices + i).to(tl.int64)
@@ -25,10 +25,17 @@ def zero_fresh_slots(state_pool: Tensor, state_indices: Tensor, has_initial_stat
     n = state_indices.shape[0]
     if n == 0:
         return
+    if not state_pool[0].is_contiguous():
+        raise ValueError("each pool slot must be contiguous")
     slot_numel = state_pool[0].numel()
     block = 4096
     _zero_fresh_kernel[(n, triton.cdiv(slot_numel, block))](
-        state_pool, state_indices, has_initial_state, slot_numel, BLOCK=block
+        state_pool,
+        state_indices.to(state_pool.device),
+        has_initial_state.to(state_pool.device),
+        state_pool.stride(0),
+        slot_numel,
+        BLOCK=block,
     )
 
 
@@ -46,8 +53,9 @@ def decode_delta_rule_in_place(
     export_token_ids: Tensor | None,
     use_qk_l2norm_in_kernel: bool,
 ) -> tuple[Tensor, Tensor]:
-    """One token per sequence (q: [1, N, H, K]; gk: [1, N, HV, K] per-channel log decay); the state of
-    sequence i is read from and written back to pool slot `state_indices[i]`. The export of token i is
+    """One token per sequence (q: [1, N, H, K]; gk: [1, N, HV, K] per-channel log decay; the callers send
+    only batches with N == T here, and spans are never empty, so N == T means one token each); the state
+    of sequence i is read from and written back to pool slot `state_indices[i]`. The export of token i is
     its sequence's new state."""
     from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
 

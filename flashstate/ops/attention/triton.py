@@ -288,7 +288,7 @@ def paged_attention(
     out = q.new_empty((t_total, hq, dv))
     if t_total == 0:
         return out
-    decode = n == t_total
+    decode = n == t_total  # spans are never empty, so this is one token per sequence
     bd, bdv = triton.next_power_of_2(d), triton.next_power_of_2(dv)
     bm = block_m or (max(16, triton.next_power_of_2(g)) if decode else 128)
     bn = block_n or (64 if decode or bd > 128 else 128)
