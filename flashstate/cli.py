@@ -1,5 +1,5 @@
-"""`flashstate` command line: serve (the OpenAI-compatible server), calibrate, bench, demo, and
-mooncake-master (a Mooncake store master for the host tier)."""
+"""`flashstate` command line: serve (the OpenAI-compatible server), calibrate, bench, demo, simulate,
+and mooncake-master (a Mooncake store master for the host tier)."""
 
 from __future__ import annotations
 
@@ -55,9 +55,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     from flashstate.bench.cli_args import add_bench_parser, add_demo_parser
+    from flashstate.sim.cli_args import add_simulate_parser
 
     add_bench_parser(sub)
     add_demo_parser(sub)
+    add_simulate_parser(sub)
 
 
 def _resolve(args: argparse.Namespace) -> EngineConfig:
@@ -79,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         from flashstate.bench.command import run_bench
 
         return run_bench(args)
+    if args.command == "simulate":
+        from flashstate.sim.command import run_simulate
+
+        return run_simulate(args)
     try:
         config = _resolve(args)
     except ValueError as e:

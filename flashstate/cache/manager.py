@@ -276,7 +276,9 @@ class CacheManager:
         self._update_gauges()
 
     def _key(self, node: Node, now: float) -> tuple[bool, float]:
-        return self.policy.key(node, self.tree.exclusive_blocks(node) if node.is_leaf else 0, now)
+        # Only GDS prices a unit by its bytes: LRU never needs the (costly) count of exclusive blocks.
+        gds = self.policy.eviction == "gds"
+        return self.policy.key(node, self.tree.exclusive_blocks(node) if gds and node.is_leaf else 0, now)
 
     def _victim(self, kind: str, exclude: Node | None = None) -> Node | None:
         """The unit to evict first: for "kv", among leaves (their chain's blocks go); for "state", among

@@ -154,7 +154,7 @@ class RadixTree:
                 self.pool.incref(new.blocks)
                 node.children[tokens[pos]] = new
                 return new, True
-            n = _common_prefix(child.tokens, tokens[:depth], pos)
+            n = _common_prefix(child.tokens, tokens, pos, depth)
             if n < len(child.tokens):
                 upper = self.split(child, pos + n)
                 if pos + n == depth:
@@ -175,8 +175,12 @@ class RadixTree:
         """Blocks freed if this leaf (and the checkpoint-less chain above it) went away: those no one else
         (another node, a running sequence) references."""
         chain, _ = self.removable_chain(node)
-        refs = Counter(b for n in chain for b in n.blocks)
-        return sum(1 for b, c in refs.items() if self.pool.ref_counts[b] == c)
+        rc = self.pool.ref_counts
+        # A block strictly inside a node's range is held by no other node of the chain: exclusive iff its
+        # ref count is 1. Only a node's first and last blocks can be shared with its chain neighbours.
+        inner = sum(list(map(rc.__getitem__, n.blocks[1:-1])).count(1) for n in chain)
+        ends = Counter(b for n in chain if n.blocks for b in {n.blocks[0], n.blocks[-1]})
+        return inner + sum(1 for b, c in ends.items() if rc[b] == c)
 
     def removable_chain(self, node: Node) -> tuple[list[Node], Node]:
         """The leaf and the ancestors that would become checkpoint-less leaves after it goes; and the
@@ -195,9 +199,16 @@ class RadixTree:
         return chain, parent
 
 
-def _common_prefix(edge: list[int], tokens: list[int], pos: int) -> int:
-    n = min(len(edge), len(tokens) - pos)
+_SPAN = 256  # tokens compared per slice (C speed) before the token-by-token scan of the mismatching one
+
+
+def _common_prefix(edge: list[int], tokens: list[int], pos: int, stop: int | None = None) -> int:
+    """Length of the common prefix of `edge` and `tokens[pos:stop]`."""
+    n = min(len(edge), (len(tokens) if stop is None else stop) - pos)
     i = 0
+    while i < n and edge[i : min(i + _SPAN, n)] == tokens[pos + i : pos + min(i + _SPAN, n)]:
+        i += _SPAN
+    i = min(i, n)
     while i < n and edge[i] == tokens[pos + i]:
         i += 1
     return i

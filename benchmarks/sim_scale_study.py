@@ -1,0 +1,216 @@
+"""Scale study on the simulator (issue 9): N agents replaying the real Claude-Code traces at full length,
+cache budgets from 25% to 200% of their working set, every policy → hit-rate and p90-TTFT curves, a table.
+
+    PYTHONPATH=. python benchmarks/sim_scale_study.py --agents 48 256 \
+        --out benchmarks/results/sim-scale-2026-11-29
+
+Working set W(N) = N × (mean over trace sessions of the peak prompt + output, in KV bytes, + one recurrent
+state): what N agents hold at once when each sits at its typical peak. Budget = fraction × W(N), passed as
+--kv-cache-memory-bytes (it also holds the engine's max_num_seqs working states, as on the GPU).
+
+Each run: N lanes, lanes started over `--ramp` s, `--warmup` s of warm-up, then `--duration` s measured
+(simulated); sessions are redrawn when one ends (a repeated session gets fresh content). Traces come from
+FLASHSTATE_TRACES (default /work/shared/traces/claude-code) and are never copied.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flashstate.bench.config import ReplayConfig
+from flashstate.bench.cost import Prices
+from flashstate.bench.report import build_result
+from flashstate.bench.workloads import load_workload
+from flashstate.engine.cache_tensors import kv_bytes_per_block, state_bytes_per_slot
+from flashstate.sim.command import engine_config, simulate
+from flashstate.sim.engine import model_spec
+from flashstate.sim.profile import load_profile
+
+POLICIES = ("flashstate", "vllm", "sglang", "none")
+TRACES = os.environ.get("FLASHSTATE_TRACES", "/work/shared/traces/claude-code")
+
+
+def working_set_bytes(sessions: list, agents: int, profile_name: str | None) -> tuple[int, float]:
+    profile = load_profile(profile_name)
+    spec = model_spec(profile.model)
+    dtype = getattr(torch, profile.dtype)
+    per_token = kv_bytes_per_block(spec, 1, dtype)
+    state = state_bytes_per_slot(spec, dtype)
+    peaks = [max(r.input_len + r.output_len for r in s.requests) for s in sessions]
+    mean_peak = sum(peaks) / len(peaks)
+    return int(agents * (mean_peak * per_token + state)), mean_peak
+
+
+def one_run(job: dict[str, Any]) -> dict[str, Any]:
+    sessions = load_workload(TRACES, "auto", None, None)
+    profile = load_profile(job["profile"])
+    config = engine_config(profile, ["--kv-cache-memory-bytes", str(job["budget"])], job["policy"])
+    replay = ReplayConfig(
+        base_url=f"sim://{profile.name}",
+        agents=job["agents"],
+        warmup_s=job["warmup"],
+        duration_s=job["duration"],
+        ramp_s=job["ramp"],
+        seed=job["seed"],
+        progress=False,
+    )
+    t0 = time.process_time()
+    run, facts = simulate(profile, config, replay, sessions)
+    scale = {
+        "length_scale": 1.0,
+        "length_scale_auto": False,
+        "max_context": None,
+        "time_scale": 1.0,
+        "max_think_s": None,
+        "max_output_tokens": None,
+    }
+    info = {"kind": "agentx", "source": TRACES, "sessions": len(sessions), "seed": job["seed"]}
+    result = build_result(
+        run, job["policy"], info, scale, Prices(), {"cache_policy": job["policy"], "simulated": facts}
+    )
+    s = result["summary"]
+    return job | {
+        "hit_rate": s["token_hit_rate"],
+        "ttft_p50": s["ttft_s"]["p50"],
+        "ttft_p90": s["ttft_s"]["p90"],
+        "requests": s["requests"],
+        "output_tpm": s["output_tpm"],
+        "uncached_p50": s["uncached_tokens_per_request"]["p50"],
+        "cache_plan": facts["cache_plan"],
+        "evictions": facts["cache_stats"][0]["evictions"],
+        "cpu_s": time.process_time() - t0,
+    }
+
+
+def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for metric, label, log in (("hit_rate", "token hit rate (%)", False), ("ttft_p90", "p90 TTFT (s)", True)):
+        agents = sorted({r["agents"] for r in rows})
+        fig, axes = plt.subplots(1, len(agents), figsize=(5 * len(agents), 3.8), squeeze=False)
+        for ax, n in zip(axes[0], agents, strict=True):
+            for policy in POLICIES:
+                pts = sorted(
+                    (r["fraction"], r[metric]) for r in rows if r["agents"] == n and r["policy"] == policy
+                )
+                pts = [(f, v) for f, v in pts if v is not None]
+                if pts:
+                    ys = [100 * v if metric == "hit_rate" else v for _, v in pts]
+                    ax.plot([100 * f for f, _ in pts], ys, marker="o", label=policy)
+            ax.set_title(f"{n} agents")
+            ax.set_xlabel("cache budget (% of working set)")
+            ax.set_ylabel(label)
+            if log:
+                ax.set_yscale("log")
+            ax.grid(alpha=0.3)
+            ax.legend()
+        fig.tight_layout()
+        paths.append(out / f"{metric}.png")
+        fig.savefig(paths[-1], dpi=120)
+        plt.close(fig)
+    return paths
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| agents | budget (% W) | budget | policy | token hit rate | p50 TTFT (s) | p90 TTFT (s) | "
+        "requests | output TPM | CPU s |",
+        "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in sorted(rows, key=lambda r: (r["agents"], r["fraction"], POLICIES.index(r["policy"]))):
+        hit = "–" if r["hit_rate"] is None else f"{r['hit_rate']:.1%}"
+        p50 = "–" if r["ttft_p50"] is None else f"{r['ttft_p50']:.3g}"
+        p90 = "–" if r["ttft_p90"] is None else f"{r['ttft_p90']:.3g}"
+        lines.append(
+            f"| {r['agents']} | {100 * r['fraction']:.0f}% | {r['budget'] / 1e9:.1f} GB | {r['policy']} | "
+            f"{hit} | {p50} | {p90} | {r['requests']} | {r['output_tpm']:,.0f} | {r['cpu_s']:.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--agents", type=int, nargs="+", default=[48, 256])
+    p.add_argument("--fractions", type=float, nargs="+", default=[0.25, 0.5, 1.0, 2.0])
+    p.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
+    p.add_argument("--profile", default=None)
+    p.add_argument("--warmup", type=float, default=1800.0, help="simulated seconds before the window")
+    p.add_argument("--duration", type=float, default=7200.0, help="simulated seconds measured")
+    p.add_argument("--ramp", type=float, default=600.0, help="lane start stagger (simulated s)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", type=int, default=2, help="runs in parallel (processes)")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/sim-scale-2026-11-29"))
+    args = p.parse_args()
+    sessions = load_workload(TRACES, "auto", None, None)
+    jobs = []
+    for n in args.agents:
+        w, mean_peak = working_set_bytes(sessions, n, args.profile)
+        print(
+            f"{n} agents: working set {w / 1e9:.1f} GB (mean session peak {mean_peak:,.0f} tokens)",
+            file=sys.stderr,
+        )
+        for f in args.fractions:
+            for policy in args.policies:
+                jobs.append(
+                    {
+                        "agents": n,
+                        "fraction": f,
+                        "budget": int(f * w),
+                        "working_set": w,
+                        "policy": policy,
+                        "profile": args.profile,
+                        "warmup": args.warmup,
+                        "duration": args.duration,
+                        "ramp": args.ramp,
+                        "seed": args.seed,
+                    }
+                )
+    jobs.sort(key=lambda j: -j["agents"])  # the long runs first
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    t0 = time.time()
+    with ProcessPoolExecutor(args.jobs) as pool:
+        for row in pool.map(one_run, jobs):
+            rows.append(row)
+            print(
+                f"{row['agents']} agents {row['fraction']:.0%} {row['policy']}: hit {row['hit_rate']}, "
+                f"p90 TTFT {row['ttft_p90']}, {row['cpu_s']:.0f} s CPU",
+                file=sys.stderr,
+            )
+    run = {
+        "command": " ".join(sys.argv),
+        "machine": f"{platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+        "created": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "wall_s": time.time() - t0,
+        "traces": TRACES,
+    }
+    for r in rows:
+        r["invocation"] = run
+    path = args.out / "scale.json"
+    if path.exists():  # runs for other agent counts or budgets stay
+        new = {(r["agents"], r["fraction"], r["policy"]) for r in rows}
+        old = json.loads(path.read_text())["rows"]
+        rows = [r for r in old if (r["agents"], r["fraction"], r["policy"]) not in new] + rows
+    path.write_text(json.dumps({"rows": rows}, indent=1) + "\n")
+    (args.out / "table.md").write_text(table(rows))
+    plot(rows, args.out)
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""The `flashstate simulate` flags: `bench compare`'s (workload, replay, cost, --policies, --serve-args), so
+a measured compare and its simulation take one command line, plus the hardware profile.
+
+    flashstate simulate --profile h200-qwen3-next-2b --policies flashstate,vllm,sglang,none \\
+        --workload ../shared/traces/claude-code --agents 48 --max-sessions 166 --duration 1e9 \\
+        --serve-args "--kv-cache-memory-bytes 40G" --out sim-results/48
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from flashstate.bench.cli_args import _compare_args, _cost_args, _replay_args, _workload_args
+
+
+def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
+    sim = sub.add_parser(
+        "simulate",
+        help="discrete-event simulation of `bench compare`: real scheduler and cache, time from a profile",
+        description="Replays the same workload as `flashstate bench compare` against simulated engines (the "
+        "real scheduler and prefix cache with pools as counters; step times from the hardware profile's "
+        "prefill and decode model) and writes the same result JSON, report and plots. --serve-args are "
+        "applied over the profile's engine flags; --num-gpus engines sit behind session-affinity routing.",
+    )
+    sim.add_argument(
+        "--profile",
+        default=None,
+        help="hardware profile: a JSON file or a shipped name (default: h200-qwen3-next-2b; see "
+        "flashstate/sim/profiles/)",
+    )
+    _compare_args(sim)
+    _workload_args(sim)
+    _replay_args(sim)
+    _cost_args(sim)
+    sim.add_argument("--out", default=None, help="output directory (default: bench-results/<UTC time>)")

@@ -1,0 +1,119 @@
+"""`flashstate simulate` (flags: cli_args.py): flags → profile, engine config per policy, the bench workload
+and ReplayConfig; one simulated run per policy; results written like `bench compare`'s."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from flashstate.args import add_cache_args, add_engine_args, config_from_args
+from flashstate.bench.command import _finish, _make_workload, _out_dir, _prices, _replay_config, _scale
+from flashstate.bench.config import ReplayConfig
+from flashstate.bench.replay import SessionSource
+from flashstate.bench.report import build_result
+from flashstate.config import CACHE_POLICIES, EngineConfig
+from flashstate.sim.engine import SimEngine, model_spec
+from flashstate.sim.events import EventLoop
+from flashstate.sim.profile import Profile, load_profile
+from flashstate.sim.replay import SimReplay
+
+
+def engine_config(profile: Profile, serve_args: list[str], policy: str) -> EngineConfig:
+    """The profile's engine flags, then `serve_args`, then the policy (later flags win, as on a CLI)."""
+    p = argparse.ArgumentParser(prog="--serve-args", exit_on_error=False, add_help=False)
+    add_engine_args(p)
+    add_cache_args(p)
+    try:
+        args = p.parse_args([*profile.serve_args(), *serve_args, "--cache-policy", policy])
+    except argparse.ArgumentError as e:
+        raise ValueError(f"--serve-args: {e}") from e
+    return config_from_args(args)
+
+
+def make_engines(
+    profile: Profile, config: EngineConfig, n: int, loop: EventLoop, model: str | None = None
+) -> list[SimEngine]:
+    spec = model_spec(model or profile.model)
+    return [
+        SimEngine(config, spec, profile.dtype, profile.prefill, profile.decode, clock=lambda: loop.now)
+        for _ in range(n)
+    ]
+
+
+def simulate(
+    profile: Profile,
+    config: EngineConfig,
+    replay: ReplayConfig,
+    sessions: Any,
+    model: str | None = None,
+) -> tuple[Any, dict[str, Any]]:
+    """One simulated run: (ReplayResult, facts about the simulation for the result's `server`)."""
+    loop = EventLoop()
+    engines = make_engines(profile, config, replay.num_gpus, loop, model)
+    if replay.max_context is None:
+        replay = replace(replay, max_context=engines[0].max_model_len)
+    source = SessionSource(sessions, replay.seed, replay.max_sessions)
+    t0 = time.process_time()
+    run = SimReplay(replay, engines, loop, source).run()
+    run.model = model or profile.model
+    facts = profile.describe() | {
+        "cache_plan": engines[0].plan.describe(),
+        "engines": len(engines),
+        "engine_steps": sum(e.steps for e in engines),
+        "engine_busy_s": sum(e.busy_seconds for e in engines),
+        "cpu_s": time.process_time() - t0,
+        "cache_stats": [_stats(e) for e in engines],
+    }
+    return run, facts
+
+
+def _stats(engine: SimEngine) -> dict[str, Any]:
+    s = engine.cache.stats
+    return {
+        "queries": s.queries,
+        "hits": s.hits,
+        "cached_tokens": s.cached_tokens,
+        "uncached_tokens": s.uncached_tokens,
+        "admissions_refused": s.admissions_refused,
+        "evictions": dict(s.evictions),
+    }
+
+
+def _run(args: argparse.Namespace) -> int:
+    profile = load_profile(args.profile)
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    bad = [p for p in policies if p not in CACHE_POLICIES]
+    if bad or not policies:
+        raise ValueError(f"--policies: unknown {bad}; choose from {', '.join(CACHE_POLICIES)}")
+    reference = args.reference or ("vllm" if "vllm" in policies else policies[-1])
+    workload, info, sample = _make_workload(args)
+    scale = _scale(args, sample, None)
+    replay = replace(_replay_config(args, scale, f"sim://{profile.name}"), progress=False)
+    serve_args = shlex.split(args.serve_args)
+    configs = {p: engine_config(profile, serve_args, p) for p in policies}  # every bad flag before any run
+    results = {}
+    for policy in policies:
+        print(f"== {policy}: simulating on {profile.name}", file=sys.stderr)
+        run, facts = simulate(profile, configs[policy], replay, workload(), args.model)
+        server = {
+            "command": ["flashstate", "simulate", *sys.argv[2:]] if sys.argv[1:2] == ["simulate"] else None,
+            "cache_policy": policy,
+            "simulated": facts,
+        }
+        results[policy] = build_result(run, policy, info, scale, _prices(args), server)
+        print(f"== {policy}: {facts['cpu_s']:.1f} s CPU, {facts['engine_steps']} steps", file=sys.stderr)
+    title = f"flashstate simulate ({profile.name}): {', '.join(policies)}"
+    return _finish(results, Path(_out_dir(args)), reference, title)
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except (ValueError, OSError, KeyError) as e:  # ProfileError, WorkloadError are ValueErrors
+        print(f"flashstate simulate: error: {e}", file=sys.stderr)
+        return 2

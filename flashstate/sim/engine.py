@@ -1,0 +1,210 @@
+"""SimEngine: the real scheduler and cache manager, with pools as counters and time from the profile.
+
+One step, as in engine/llm_engine.py, with the model run replaced by its modelled duration:
+
+    batch = scheduler.schedule()             at time t (admission stamps the cache with t)
+    seconds = profile: Σ C(p + n) − C(p) over prefill chunks + decode(B, Σ context)
+    finish_step(batch)                       at t + seconds: exports committed, lengths advanced,
+                                             a token appended where the chunk reaches the end
+
+A generated token is a pseudo-random id drawn from the request's own stream (greedy decoding on a real
+model also gives each request its own output). A request stops after `max_tokens` (ignore_eos).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from flashstate.cache.block_pool import BlockPool
+from flashstate.cache.cost import PrefillCost
+from flashstate.cache.manager import CacheManager
+from flashstate.cache.memory_plan import CachePlan, plan_cache
+from flashstate.cache.policy import build_policy
+from flashstate.cache.state_pool import StatePool
+from flashstate.config import EngineConfig
+from flashstate.engine.scheduler import ScheduledBatch, Scheduler
+from flashstate.engine.sequence import RequestStats, Sequence
+from flashstate.models.spec import DTYPES, ModelSpec
+from flashstate.sampling_params import SamplingParams
+from flashstate.sim.profile import DecodeModel
+
+
+def model_spec(model: str) -> ModelSpec:
+    """A preset name or an HF-format model directory."""
+    from flashstate.models.presets import PRESETS, preset_config
+
+    return ModelSpec.from_hf(preset_config(model) if model in PRESETS else model)
+
+
+@dataclass(slots=True)
+class SimRequest:
+    seq: Sequence
+    on_first_token: Callable[[float], None] | None = None
+    on_finish: Callable[[float], None] | None = None
+    rng: random.Random = field(default_factory=random.Random)
+
+
+def step_seconds(batch: ScheduledBatch, prefill: PrefillCost, decode: DecodeModel) -> float:
+    """Modelled duration of one step (module docstring)."""
+    seconds, decodes, context = 0.0, 0, 0
+    for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
+        p = seq.num_computed_tokens
+        if p >= seq.num_prompt_tokens:  # the last sampled token: a decode
+            decodes += 1
+            context += p + n
+        else:
+            seconds += prefill(p + n) - prefill(p)
+    return seconds + decode(decodes, context)
+
+
+class SimEngine:
+    def __init__(
+        self,
+        config: EngineConfig,
+        spec: ModelSpec,
+        dtype: str,
+        prefill: PrefillCost,
+        decode: DecodeModel,
+        clock: Callable[[], float],
+        max_token_id: int = 256,
+    ):
+        self.config = config
+        self.prefill, self.decode = prefill, decode
+        torch_dtype = DTYPES[dtype]
+        budget = config.kv_cache_memory_bytes or config.cpu_cache_memory_bytes
+        self.plan: CachePlan = plan_cache(spec, config, torch_dtype, budget)
+        # The engine's cost model is its calibration on the hardware: here, the profile's C(n).
+        cost = prefill
+        if config.prefill_cost_coefficients is not None:
+            cost = PrefillCost(*config.prefill_cost_coefficients, source="given")
+        self.cache = CacheManager(
+            BlockPool(self.plan.num_blocks, config.block_size),
+            StatePool(self.plan.num_slots),
+            build_policy(config, spec, torch_dtype, cost),
+            max_checkpoints=self.plan.num_slots - self.plan.num_working_slots,
+            copy_block=lambda src, dst: None,
+            clock=clock,
+        )
+        self.max_model_len = config.max_model_len or spec.max_position_embeddings
+        self.scheduler = Scheduler(
+            self.cache, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len
+        )
+        self._clock = clock
+        self._max_token_id = max_token_id
+        self._requests: dict[int, SimRequest] = {}  # by id(seq)
+        self.busy = False  # a step is in flight
+        self.decode_runs = True  # start_decode_run may fold pure decode steps (off: step by step)
+        self.steps = 0
+        self.busy_seconds = 0.0
+
+    def add(
+        self,
+        request_id: str,
+        prompt: list[int],
+        max_tokens: int,
+        seed: int,
+        on_first_token: Callable[[float], None] | None = None,
+        on_finish: Callable[[float], None] | None = None,
+        hint_positions: list[int] | None = None,
+    ) -> Sequence:
+        """Queue a request; raises RequestTooLargeError (a ValueError) when it can never run."""
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        seq = Sequence(request_id, list(prompt), params, stats=RequestStats(self._clock()))
+        seq.hint_positions = sorted({p for p in hint_positions or [] if 0 < p <= len(prompt)})
+        self.scheduler.add(seq)
+        self._requests[id(seq)] = SimRequest(seq, on_first_token, on_finish, random.Random(seed))
+        return seq
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.num_unfinished > 0
+
+    def start_step(self) -> tuple[ScheduledBatch, float] | None:
+        """Schedule a batch; its modelled duration. None when nothing can run."""
+        batch = self.scheduler.schedule()
+        if not batch.seqs:
+            return None
+        self.busy = True
+        seconds = step_seconds(batch, self.prefill, self.decode)
+        self.steps += 1
+        self.busy_seconds += seconds
+        return batch, seconds
+
+    def start_decode_run(self, max_seconds: float) -> tuple[int, float] | None:
+        """Run k > 1 pure decode steps at once when they are exactly what k `start_step`s would do: nothing
+        waits (no admission attempt could stamp the cache), every running sequence decodes, none reaches
+        its last token, the KV blocks for all k tokens are free (no eviction, no preemption), and the k
+        steps end within `max_seconds` (before any other event). Returns (k, seconds), or None."""
+        sched = self.scheduler
+        running = sched.running
+        if (
+            not self.decode_runs
+            or sched.waiting
+            or not running
+            or len(running) > sched.max_num_batched_tokens
+        ):
+            return None
+        left, context = None, 0
+        for seq in running:
+            if seq.num_uncomputed != 1 or seq.num_computed_tokens < seq.num_prompt_tokens:
+                return None
+            todo = seq.params.max_tokens - (len(seq.token_ids) - seq.num_prompt_tokens)
+            left = todo if left is None else min(left, todo)
+            context += seq.num_computed_tokens + 1
+        b, k, seconds = len(running), 0, 0.0
+        while k < left - 1:
+            step = self.decode(b, context + k * b)
+            if seconds + step >= max_seconds:
+                break
+            seconds += step
+            k += 1
+        if k < 2:
+            return None
+        pool = self.cache.block_pool
+        need = sum(max(pool.blocks_for(s.num_computed_tokens + k) - len(s.block_table), 0) for s in running)
+        if need > pool.num_free:
+            return None
+        for seq in running:
+            self.cache.allocate(seq, k)
+            seq.num_computed_tokens += k
+            rng = self._requests[id(seq)].rng
+            seq.token_ids.extend(rng.randrange(self._max_token_id) for _ in range(k))
+        self.busy = True
+        self.steps += k
+        self.busy_seconds += seconds
+        return k, seconds
+
+    def finish_decode_run(self) -> None:
+        self.busy = False
+
+    def finish_step(self, batch: ScheduledBatch) -> None:
+        """The step's results at its end time (engine/llm_engine.py's postprocess)."""
+        self.busy = False
+        now = self._clock()
+        for i, count, slot in batch.exports:
+            seq = batch.seqs[i]
+            self.cache.commit_export(seq, seq.num_computed_tokens + count, slot)
+        done: list[SimRequest] = []
+        for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_tokens, strict=True)):
+            samples = batch.samples(i)
+            stats = seq.stats
+            if stats.first_scheduled_time is None:
+                stats.first_scheduled_time = now
+            seq.num_computed_tokens += n
+            if not samples:
+                continue
+            req = self._requests[id(seq)]
+            seq.token_ids.append(req.rng.randrange(self._max_token_id))
+            if stats.first_token_time is None:
+                stats.first_token_time = now
+                if req.on_first_token is not None:
+                    req.on_first_token(now)
+            if len(seq.token_ids) - seq.num_prompt_tokens >= seq.params.max_tokens:
+                self.scheduler.finish(seq, "length")
+                stats.finished_time = now
+                done.append(self._requests.pop(id(seq)))
+        for req in done:
+            if req.on_finish is not None:
+                req.on_finish(now)

@@ -1,0 +1,142 @@
+"""Hardware profiles: one JSON file per (device, model) — memory, engine flags and the performance model.
+
+    {"schema": "flashstate.sim.profile/1", "name", "device", "model": preset name or HF model directory,
+     "dtype", "memory": {"cache_bytes": KV + state budget, "host_bytes": host tier (not simulated yet)},
+     "engine_args": ["--max-num-seqs", "64", ...]   `flashstate serve` flags, before --serve-args,
+     "prefill": {"a", "b", "points": [[tokens, seconds], ...]}   C(n) = a·n + b·n²; a, b fitted from the
+                points when absent,
+     "decode": {"base_s", "per_seq_s", "per_token_s"}   one decode step of B sequences holding T context
+                tokens in all: base_s + per_seq_s·B + per_token_s·T,
+     "provenance": where the numbers come from}
+
+A step of the engine takes the prefill time of its chunks (a chunk of n tokens resuming at depth p costs
+C(p + n) − C(p)) plus, when it decodes, the decode step time of its decoding sequences.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flashstate.cache.cost import PrefillCost
+
+PROFILE_SCHEMA = "flashstate.sim.profile/1"
+PROFILES_DIR = Path(__file__).parent / "profiles"
+DEFAULT_PROFILE = "h200-qwen3-next-2b"
+
+
+class ProfileError(ValueError):
+    """A malformed profile; the message names the file and the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeModel:
+    base_s: float
+    per_seq_s: float
+    per_token_s: float
+
+    def __call__(self, num_seqs: int, context_tokens: int) -> float:
+        if num_seqs == 0:
+            return 0.0
+        return self.base_s + self.per_seq_s * num_seqs + self.per_token_s * context_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    name: str
+    device: str
+    model: str
+    dtype: str
+    cache_bytes: int
+    host_bytes: int | None
+    engine_args: tuple[str, ...]
+    prefill: PrefillCost
+    decode: DecodeModel
+    provenance: str
+    path: str
+
+    def serve_args(self) -> list[str]:
+        """The engine flags this profile stands for (later flags override them)."""
+        return ["--kv-cache-memory-bytes", str(self.cache_bytes), *self.engine_args]
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "profile": self.name,
+            "profile_path": self.path,
+            "device": self.device,
+            "model": self.model,
+            "prefill_a": self.prefill.a,
+            "prefill_b": self.prefill.b,
+            "decode": {
+                "base_s": self.decode.base_s,
+                "per_seq_s": self.decode.per_seq_s,
+                "per_token_s": self.decode.per_token_s,
+            },
+            "provenance": self.provenance,
+        }
+
+
+def _num(obj: dict, key: str, where: str, required: bool = True) -> float | None:
+    value = obj.get(key)
+    if value is None and not required:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ProfileError(f"{where}.{key}: expected a non-negative number, got {value!r}")
+    return float(value)
+
+
+def _prefill(doc: dict, where: str) -> PrefillCost:
+    if not isinstance(doc, dict):
+        raise ProfileError(f"{where}: expected an object")
+    a, b = _num(doc, "a", where, False), _num(doc, "b", where, False)
+    if a is not None and b is not None:
+        return PrefillCost(a, b, f"profile:{where}")
+    points = doc.get("points")
+    try:
+        lengths, seconds = zip(*points, strict=True) if points else ((), ())
+        return PrefillCost.fit(list(lengths), list(seconds), f"profile:{where} (fitted)")
+    except (TypeError, ValueError) as e:
+        raise ProfileError(f"{where}: needs a and b, or two or more [tokens, seconds] points ({e})") from e
+
+
+def load_profile(name_or_path: str | None = None) -> Profile:
+    """A profile by path, or by name from flashstate/sim/profiles/ (default: the H200 one)."""
+    name_or_path = name_or_path or DEFAULT_PROFILE
+    path = Path(name_or_path)
+    if not path.exists():
+        path = PROFILES_DIR / f"{name_or_path}.json"
+    if not path.exists():
+        shipped = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.json")))
+        raise ProfileError(f"profile {name_or_path!r}: no such file, and not a shipped profile ({shipped})")
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ProfileError(f"{path}: not readable JSON: {e}") from e
+    where = str(path)
+    if not isinstance(doc, dict) or doc.get("schema") != PROFILE_SCHEMA:
+        raise ProfileError(f"{where}.schema: expected {PROFILE_SCHEMA!r}")
+    memory, decode = doc.get("memory") or {}, doc.get("decode") or {}
+    args = doc.get("engine_args", [])
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise ProfileError(f"{where}.engine_args: expected a list of strings")
+    model = doc.get("model")
+    if not isinstance(model, str) or not model:
+        raise ProfileError(f"{where}.model: expected a preset name or a model directory")
+    host = _num(memory, "host_bytes", f"{where}.memory", False)
+    return Profile(
+        name=str(doc.get("name") or path.stem),
+        device=str(doc.get("device", "")),
+        model=model,
+        dtype=str(doc.get("dtype", "bfloat16")),
+        cache_bytes=int(_num(memory, "cache_bytes", f"{where}.memory")),
+        host_bytes=None if host is None else int(host),
+        engine_args=tuple(args),
+        prefill=_prefill(doc.get("prefill"), f"{where}.prefill"),
+        decode=DecodeModel(
+            *(_num(decode, k, f"{where}.decode") for k in ("base_s", "per_seq_s", "per_token_s"))
+        ),
+        provenance=str(doc.get("provenance", "")),
+        path=where,
+    )

@@ -1,0 +1,312 @@
+"""The bench replay (bench/replay.py) in simulated time: the same lanes, session draw, prompts, sub-agents,
+think times, window, drain and records, against SimEngines instead of a server.
+
+Differences from a measured run, by construction:
+  - TTFT and e2e are engine times (queue + steps); no network, tokenizer or HTTP overhead;
+  - chat mode sends token prompts with checkpoint hints at segment ends (no chat template tokens);
+  - several engines: a top-level session and its sub-agents go to one engine (session affinity, by a
+    stable hash of the draw-unique session id).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Generator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from flashstate.bench.config import ReplayConfig
+from flashstate.bench.metrics import RequestRecord, SessionRecord
+from flashstate.bench.prompts import BlockTokens, PromptBuilder, Segment, context_len, scaled
+from flashstate.bench.replay import ReplayResult, SessionSource, count_requests
+from flashstate.bench.workloads import Session
+from flashstate.engine.scheduler import RequestTooLargeError
+from flashstate.sim.engine import SimEngine
+from flashstate.sim.events import EventLoop, Join, Process, Sleep, Wait
+
+
+class ByteBlockTokens(BlockTokens):
+    """BlockTokens with ids in [0, 256) from a seeded byte stream: the same sharing structure (same key →
+    same ids), much cheaper to draw, and every id a shared small int (8 bytes a token in memory)."""
+
+    def __init__(self, tokens_per_block: int, seed: int = 0):
+        super().__init__(tokens_per_block, seed, 256)
+
+    def _ids(self, key: tuple) -> list[int]:
+        ids = self._cache.get(key)
+        if ids is None:
+            ids = list(random.Random(_stable_seed(self.seed, *key)).randbytes(self.tokens_per_block))
+            if len(self._cache) >= self._cache_blocks:
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[key] = ids
+        return ids
+
+
+@dataclass(slots=True)
+class _Done:
+    output: list[int]
+    too_long: bool = False
+
+
+def _stable_seed(*key: Any) -> int:
+    return int.from_bytes(hashlib.blake2b(repr(key).encode(), digest_size=8).digest(), "little")
+
+
+def route(sid: str, num_engines: int) -> int:
+    """Session affinity: the engine of a top-level session (and its sub-agents)."""
+    if num_engines == 1:
+        return 0
+    top = sid.split("/", 1)[0]
+    return _stable_seed(top) % num_engines
+
+
+class SimReplay:
+    def __init__(
+        self, config: ReplayConfig, engines: list[SimEngine], loop: EventLoop, source: SessionSource
+    ):
+        self.config = config
+        self.engines = engines
+        self.loop = loop
+        self.source = source
+        self._builders: dict[int, PromptBuilder] = {}
+        self.requests: list[RequestRecord] = []
+        self.sessions: list[SessionRecord] = []
+        self.stopped: float | None = None
+        self._sent = 0
+        self._inflight = 0
+        self._lanes_left = config.agents
+        self._kick_pending = [False] * len(engines)
+
+    # ---- engines --------------------------------------------------------------------------------
+
+    def _kick(self, e: int) -> None:
+        if self.engines[e].busy or self._kick_pending[e]:
+            return
+        self._kick_pending[e] = True
+        self.loop.at(self.loop.now, lambda: self._tick(e))
+
+    def _tick(self, e: int) -> None:
+        self._kick_pending[e] = False
+        engine = self.engines[e]
+        if engine.busy:
+            return
+        run = engine.start_decode_run(self.loop.next_time() - self.loop.now)
+        if run is not None:
+
+            def run_done() -> None:
+                engine.finish_decode_run()
+                self._tick(e)
+
+            self.loop.at(self.loop.now + run[1], run_done)
+            return
+        started = engine.start_step()
+        if started is not None:
+            batch, seconds = started
+
+            def done() -> None:
+                engine.finish_step(batch)
+                self._tick(e)
+
+            self.loop.at(self.loop.now + seconds, done)
+
+    # ---- agents ---------------------------------------------------------------------------------
+
+    def _builder(self, session: Session) -> PromptBuilder:
+        cfg = self.config
+        b = self._builders.get(session.block_size)
+        if b is None:
+            blocks = ByteBlockTokens(scaled(session.block_size, cfg.length_scale), cfg.seed)
+            b = self._builders[session.block_size] = PromptBuilder(blocks, cfg.length_scale)
+        return b
+
+    def _think(self, seconds: float) -> float:
+        wait = seconds * self.config.time_scale
+        if self.config.max_think_s is not None:
+            wait = min(wait, self.config.max_think_s)
+        return max(wait, 0.0)
+
+    def _stop(self) -> None:
+        if self.stopped is None:
+            self.stopped = self.loop.now
+
+    def _send(
+        self,
+        proc: Process,
+        lane: int,
+        sid: str,
+        depth: int,
+        turn: int,
+        context: list[Segment],
+        max_tokens: int,
+        target: int,
+    ) -> None:
+        cfg = self.config
+        self._sent += 1
+        if self._sent >= cfg.max_requests:
+            self._stop()
+        prompt: list[int] = []
+        for s in context:
+            prompt.extend(s.ids)
+        hints = None
+        if cfg.mode == "chat":
+            hints, n = [], 0
+            for s in context:
+                n += len(s.ids)
+                hints.append(n)
+        t_send = self.loop.now
+        e = route(sid, len(self.engines))
+        first: list[float] = []
+
+        def record(t_end: float | None, seq: Any, error: str | None, too_long: bool) -> None:
+            self.requests.append(
+                RequestRecord(
+                    lane=lane,
+                    session=sid,
+                    depth=depth,
+                    turn=turn,
+                    t_send=t_send,
+                    ttft=first[0] - t_send if first else None,
+                    e2e=None if t_end is None else t_end - t_send,
+                    prompt_tokens=len(prompt),
+                    cached_tokens=seq.stats.num_cached_tokens if seq is not None else 0,
+                    output_tokens=(len(seq.token_ids) - seq.num_prompt_tokens) if seq is not None else 0,
+                    sent_tokens=len(prompt),
+                    target_tokens=target,
+                    max_tokens=max_tokens,
+                    echoed=error is None,
+                    error=error,
+                    too_long=too_long,
+                )
+            )
+
+        holder: list[Any] = []
+
+        def finished(now: float) -> None:
+            self._inflight -= 1
+            seq = holder[0]
+            record(now, seq, None, False)
+            self.loop.resume(proc, _Done(seq.output_token_ids))
+
+        try:
+            seq = self.engines[e].add(
+                f"{sid}:{turn}",
+                prompt,
+                max_tokens,
+                seed=_stable_seed(cfg.seed, sid, turn),
+                on_first_token=first.append,
+                on_finish=finished,
+                hint_positions=hints,
+            )
+        except RequestTooLargeError as err:
+            record(None, None, f"400: {err}", True)
+            self.loop.at(self.loop.now, lambda: self.loop.resume(proc, _Done([], too_long=True)))
+            return
+        holder.append(seq)
+        self._inflight += 1
+        self._kick(e)
+
+    def _session(
+        self,
+        proc_ref: list[Process],
+        lane: int,
+        session: Session,
+        scope: str,
+        sid: str,
+        depth: int,
+        rec: SessionRecord,
+    ) -> Generator[Any, Any, bool]:
+        """bench/replay.py's Replay._session, step for step."""
+        cfg = self.config
+        builder = self._builder(session)
+        pending = [self._sub(lane, s, scope, sid, depth, rec) for s in session.subagents]
+        context: list[Segment] = []
+        prev = None
+        for k, req in enumerate(session.requests):
+            if pending:
+                joined = yield Join(pending)
+                pending = []
+                if not all(joined):
+                    return False
+            yield Sleep(self._think(req.think_time))
+            context, _ = builder.next_context(context, scope, prev, req)
+            max_tokens = builder.output_len(req)
+            if cfg.max_output_tokens is not None:
+                max_tokens = min(max_tokens, cfg.max_output_tokens)
+            if cfg.max_context is not None and context_len(context) + max_tokens > cfg.max_context:
+                rec.truncated = True
+                break
+            if self.stopped is not None:
+                return False
+            self._send(proc_ref[0], lane, sid, depth, k, context, max_tokens, builder.input_len(req))
+            done = yield Wait()
+            if done.too_long:
+                rec.truncated = True
+                break
+            rec.done += 1
+            context.append(Segment("assistant", done.output))
+            pending = [self._sub(lane, s, scope, sid, depth, rec) for s in req.subagents]
+            prev = req
+        return all((yield Join(pending))) if pending else True
+
+    def _process(self, make: Any) -> Process:
+        """Spawn a process whose generator needs a reference to its own Process (to be resumed)."""
+        ref: list[Process] = []
+        gen = make(ref)
+        proc = Process(gen)
+        ref.append(proc)
+        self.loop.resume(proc, None)
+        return proc
+
+    def _sub(
+        self, lane: int, sub: Session, scope: str, parent: str, depth: int, rec: SessionRecord
+    ) -> Process:
+        sid = f"{parent}/{sub.id.rsplit('/', 1)[-1]}"
+        return self._process(lambda ref: self._session(ref, lane, sub, scope, sid, depth + 1, rec))
+
+    def _lane(self, lane: int) -> Generator[Any, Any, None]:
+        yield Sleep(lane * self.config.ramp_s / self.config.agents)
+        while self.stopped is None:
+            drawn = self.source.draw()
+            if drawn is None:
+                break
+            session, scope, sid = drawn
+            rec = SessionRecord(lane, sid, count_requests(session), self.loop.now)
+            self.sessions.append(rec)
+            top = self._process(lambda ref: self._session(ref, lane, session, scope, sid, 0, rec))  # noqa: B023
+            (ok,) = yield Join([top])
+            if ok:
+                rec.t_end = self.loop.now
+        self._lanes_left -= 1
+        if self._lanes_left == 0:
+            self._stop()
+
+    # ---- the run --------------------------------------------------------------------------------
+
+    def run(self) -> ReplayResult:
+        cfg = self.config
+        end = cfg.warmup_s + cfg.duration_s
+        self.loop.at(end, self._stop)
+        for lane in range(cfg.agents):
+            self.loop.spawn(self._lane(lane))
+
+        def until() -> float | None:
+            if self.stopped is None:
+                return None
+            self.loop.halted = True  # lanes are cancelled; requests in flight finish (drain)
+            return self.stopped + cfg.drain_s if self._inflight else self.stopped
+
+        self.loop.run(until)
+        self.loop.halted = True
+        return ReplayResult(
+            config=asdict(cfg),
+            model=None,
+            max_model_len=self.engines[0].max_model_len,
+            max_context=cfg.max_context,
+            started_at=0.0,
+            wall_s=self.loop.now,
+            stopped_s=self.stopped if self.stopped is not None else self.loop.now,
+            requests=self.requests,
+            sessions=self.sessions,
+            cut_requests=self._inflight,
+        )

@@ -1,0 +1,63 @@
+import json
+
+import pytest
+
+from flashstate.cache.cost import PrefillCost
+from flashstate.sim.profile import DEFAULT_PROFILE, ProfileError, load_profile
+
+
+def test_shipped_profile_loads_with_its_provenance():
+    p = load_profile(DEFAULT_PROFILE)
+    assert p.model == "qwen3-next-2b"
+    assert "provisional" in p.provenance
+    # The stored a, b reproduce the FIELD-NOTES prefill rates they were fitted to (within 1%).
+    for tokens, rate in ((8192, 121e3), (32768, 107e3), (131072, 73e3)):
+        assert p.prefill(tokens) == pytest.approx(tokens / rate, rel=0.01)
+    # The decode floor grows with the batch and with the context.
+    assert p.decode(1, 1000) < p.decode(2, 1000) < p.decode(2, 10**6)
+    assert p.decode(0, 0) == 0.0
+
+
+def _write(tmp_path, doc):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def _doc(**kw):
+    doc = {
+        "schema": "flashstate.sim.profile/1",
+        "model": "tiny",
+        "memory": {"cache_bytes": 1 << 30},
+        "prefill": {"points": [[1000, 0.01], [4000, 0.05], [16000, 0.3]]},
+        "decode": {"base_s": 0.001, "per_seq_s": 0.0, "per_token_s": 0.0},
+    }
+    return doc | kw
+
+
+def test_user_profile_fits_prefill_from_points(tmp_path):
+    p = load_profile(_write(tmp_path, _doc()))
+    want = PrefillCost.fit([1000, 4000, 16000], [0.01, 0.05, 0.3])
+    assert (p.prefill.a, p.prefill.b) == pytest.approx((want.a, want.b))
+    assert p.serve_args()[:2] == ["--kv-cache-memory-bytes", str(1 << 30)]
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"schema": "x"}, "schema"),
+        ({"model": None}, "model"),
+        ({"memory": {}}, "cache_bytes"),
+        ({"prefill": {"points": [[1000, 0.01]]}}, "prefill"),
+        ({"decode": {"base_s": -1, "per_seq_s": 0, "per_token_s": 0}}, "base_s"),
+        ({"engine_args": "--max-num-seqs 4"}, "engine_args"),
+    ],
+)
+def test_bad_profile_names_the_field(tmp_path, change, field):
+    with pytest.raises(ProfileError, match=field):
+        load_profile(_write(tmp_path, _doc(**change)))
+
+
+def test_unknown_profile_lists_the_shipped_ones():
+    with pytest.raises(ProfileError, match=DEFAULT_PROFILE):
+        load_profile("no-such-profile")
