@@ -90,6 +90,8 @@ class EngineConfig:
                 f"prefix_cache_eviction must be one of {', '.join(EVICTIONS)}, "
                 f"got {self.prefix_cache_eviction!r}"
             )
+        if self.cache_policy == "vllm" and self.prefix_cache_eviction == "gds":
+            raise ValueError("the vllm policy evicts as vLLM does (LRU over its page pool): no gds")
         if self.prefill_cost_coefficients is not None and (
             len(self.prefill_cost_coefficients) != 2 or min(self.prefill_cost_coefficients) < 0
         ):

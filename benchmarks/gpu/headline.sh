@@ -3,7 +3,8 @@
 # cache policy on the GPU (the ~2B Qwen3-Next preset), `flashstate bench compare`, same seed.
 #
 #   bash benchmarks/gpu/headline.sh policies   # flashstate, vllm, sglang, none
-#   bash benchmarks/gpu/headline.sh ablation   # ASC alone, GDS alone, both, both + host tier
+#   bash benchmarks/gpu/headline.sh ablation   # ASC alone (LRU eviction), ASC + GDS, ASC + GDS + host tier
+#   (GDS over block-aligned checkpoints needs an aligned placement for the flashstate policy: not yet)
 #
 # Environment: FLASHSTATE_TRACES (default .traces/claude-code: carry a copy, the set is not in the repo),
 # OUT (results, default bench-results/headline), PRESET (default qwen3-next-2b), DURATION (measured
@@ -32,9 +33,8 @@ case "$mode" in
       --serve-args "$serve" "${common[@]}" --out "$OUT/policies" "$@"
     ;;
   ablation)
-    "$PY" -m flashstate.cli bench compare --policies "" --reference gds-only \
+    "$PY" -m flashstate.cli bench compare --policies "" --reference asc-only \
       --variant "asc-only=flashstate --prefix-cache-eviction lru" \
-      --variant "gds-only=vllm --prefix-cache-eviction gds" \
       --variant "asc+gds=flashstate" \
       --variant "asc+gds+host=flashstate --host-cache memory --host-cache-bytes 64G" \
       --serve-args "$serve" "${common[@]}" --out "$OUT/ablation" "$@"

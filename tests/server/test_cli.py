@@ -85,6 +85,7 @@ def test_every_engine_config_field_has_a_flag_with_help():
         (["--tensor-parallel-size", "2"], "tensor_parallel_size > 1 is not supported"),
         (["--host-cache-bytes", "1G", "--cache-policy", "none"], "needs prefix caching on"),
         (["--host-cache", "memory", "--cache-policy", "vllm"], "not part of the vllm policy"),
+        (["--cache-policy", "vllm", "--prefix-cache-eviction", "gds"], "evicts as vLLM does"),
         (["--host-cache", "mooncake"], "needs mooncake_master HOST:PORT"),
         (["--host-cache", "mooncake", "--mooncake-master", "localhost"], "HOST:PORT"),
         (["--mooncake-master", "h:1"], "mooncake_master needs host_cache='mooncake'"),
