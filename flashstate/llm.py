@@ -25,6 +25,16 @@ class LLM:
         llm.tokenizer = llm.engine.tokenizer
         return llm
 
+    def close(self) -> None:
+        """Stop the engine's tensor-parallel workers, if any. Also on leaving a `with LLM(...)` block."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt],

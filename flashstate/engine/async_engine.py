@@ -75,6 +75,7 @@ class AsyncEngine:
         self._stopped = True
         self._wake.set()
         self._thread.join(timeout=10)
+        self.engine.shutdown()
 
     def _loop(self) -> None:
         while not self._stopped:

@@ -42,6 +42,17 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def cache_budget(config: EngineConfig, device: torch.device) -> int:
+    """KV + state bytes this device can hold (per rank under tensor parallelism)."""
+    if config.kv_cache_memory_bytes is not None:
+        return config.kv_cache_memory_bytes
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        used = total - free
+        return max(int(total * config.gpu_memory_utilization) - used, 0)
+    return config.cpu_cache_memory_bytes
+
+
 @dataclass(slots=True)
 class _Request:
     seq: Sequence
@@ -62,7 +73,26 @@ class LLMEngine:
             model_dir = str(default_model_dir())
         dtype = None if config.dtype == "auto" else DTYPES[config.dtype]
         torch.manual_seed(config.seed)
-        self.model = load_model(model_dir, dtype=dtype, device=self.device)
+        self.tp = None  # TensorParallelDriver with tensor_parallel_size > 1: this process is rank 0
+        if config.tensor_parallel_size > 1:
+            from flashstate.distributed.driver import TensorParallelDriver
+
+            self.tp = TensorParallelDriver(config, str(model_dir), self.device)
+            self.device = self.tp.device
+        try:
+            self._build(config, model_dir, dtype)
+        except BaseException:
+            self.shutdown()
+            raise
+        logger.info(
+            "%s on %s (%s, tensor parallel %d): %s",
+            self.spec.architecture, self.device, self.dtype, config.tensor_parallel_size, self.plan.describe(),
+        )  # fmt: skip
+
+    def _build(self, config: EngineConfig, model_dir: str, dtype: torch.dtype | None) -> None:
+        self.model = load_model(model_dir, dtype=dtype, device=self.device, shard=self.tp.shard if self.tp else None)
+        if self.tp is not None:
+            self.tp.group.attach(self.model)
         self.spec = self.model.spec
         self.dtype = next(self.model.parameters()).dtype
         self.tokenizer = Tokenizer.from_dir(config.tokenizer or model_dir)
@@ -72,6 +102,9 @@ class LLMEngine:
         caches = CacheTensors.allocate(
             self.spec, self.plan.num_blocks, config.block_size, self.plan.num_slots, self.dtype, self.device
         )
+        if self.tp is not None:
+            caches = self.tp.start(self.model, caches, self.plan.num_blocks, self.plan.num_slots)
+            self.model = self.tp.model
         self.cost = self._prefill_cost(caches)
         self.cache = CacheManager(
             BlockPool(self.plan.num_blocks, config.block_size),
@@ -86,9 +119,6 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, caches, config.block_size, self.device)
         self.requests: dict[str, _Request] = {}
         self._ids = itertools.count()
-        logger.info(
-            "%s on %s (%s): %s", self.spec.architecture, self.device, self.dtype, self.plan.describe()
-        )
 
     def _prefill_cost(self, caches: CacheTensors) -> PrefillCost:
         """C(n) from the flag, else (when GDS needs it) the cached or a fresh calibration."""
@@ -112,13 +142,8 @@ class LLMEngine:
         )
 
     def _cache_budget(self) -> int:
-        if self.config.kv_cache_memory_bytes is not None:
-            return self.config.kv_cache_memory_bytes
-        if self.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(self.device)
-            used = total - free
-            return max(int(total * self.config.gpu_memory_utilization) - used, 0)
-        return self.config.cpu_cache_memory_bytes
+        budget = cache_budget(self.config, self.device)
+        return budget if self.tp is None else self.tp.agree_on_budget(budget)
 
     # ---- requests -------------------------------------------------------------------------------
 
@@ -240,3 +265,8 @@ class LLMEngine:
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers, if any (idempotent). The engine cannot step afterwards."""
+        if self.tp is not None:
+            self.tp.shutdown()

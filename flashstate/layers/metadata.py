@@ -17,7 +17,7 @@ For sequence i:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor
@@ -49,6 +49,13 @@ class ForwardMetadata:
     @property
     def num_exports(self) -> int:
         return int(self.export_token_ids.numel())
+
+    def to(self, device: torch.device | str) -> ForwardMetadata:
+        """The same metadata with every tensor on `device`."""
+        moved = {
+            f.name: v.to(device) if isinstance(v := getattr(self, f.name), Tensor) else v for f in fields(self)
+        }
+        return ForwardMetadata(**moved)
 
     @classmethod
     def build(

@@ -82,7 +82,7 @@ def test_every_engine_config_field_has_a_flag_with_help():
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--tensor-parallel-size", "2"], "tensor_parallel_size > 1 is not supported"),
+        (["--tensor-parallel-size", "0"], "tensor_parallel_size must be >= 1"),
         (["--host-cache-bytes", "1G"], "host_cache_bytes needs a host tier"),
         (["--host-cache", "mooncake", "--mooncake-master", "localhost"], "HOST:PORT"),
         (["--mooncake-master", "h:1"], "mooncake_master needs host_cache='mooncake'"),
