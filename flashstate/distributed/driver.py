@@ -13,6 +13,8 @@ same order.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import multiprocessing as mp
 import weakref
 from multiprocessing.connection import Connection
@@ -32,6 +34,7 @@ from flashstate.models.base import HybridForCausalLM
 from flashstate.models.spec import ModelSpec
 
 JOIN_SECONDS = 10.0
+logger = logging.getLogger("flashstate")
 
 
 class ParallelModel:
@@ -166,10 +169,8 @@ class TensorParallelDriver:
 
 def _stop(procs: list[BaseProcess], conns: list[Connection]) -> None:
     for conn in conns:
-        try:
+        with contextlib.suppress(OSError):
             conn.send(("shutdown",))
-        except OSError:
-            pass
     for proc in procs:
         proc.join(JOIN_SECONDS)
         if proc.is_alive():
@@ -177,3 +178,6 @@ def _stop(procs: list[BaseProcess], conns: list[Connection]) -> None:
             proc.join()
     for conn in conns:
         conn.close()
+    if procs:
+        codes = [p.exitcode for p in procs]
+        logger.info("tensor-parallel workers stopped (exit codes %s)", codes)

@@ -10,6 +10,7 @@ The worker exits when the pipe closes (rank 0 died) and reports any failure as (
 
 from __future__ import annotations
 
+import contextlib
 import os
 import traceback
 from multiprocessing.connection import Connection
@@ -28,10 +29,8 @@ def run_worker(config: EngineConfig, model_dir: str, rank: int, port: int, conn:
     except (EOFError, BrokenPipeError, ConnectionResetError):
         os._exit(1)  # rank 0 is gone
     except BaseException:  # noqa: BLE001 — report whatever it was, then die
-        try:
+        with contextlib.suppress(OSError):
             conn.send(("error", f"tensor-parallel rank {rank}: {traceback.format_exc()}"))
-        except OSError:
-            pass
         os._exit(1)
 
 

@@ -84,13 +84,15 @@ class LLMEngine:
         except BaseException:
             self.shutdown()
             raise
+        tp = config.tensor_parallel_size
         logger.info(
             "%s on %s (%s, tensor parallel %d): %s",
-            self.spec.architecture, self.device, self.dtype, config.tensor_parallel_size, self.plan.describe(),
+            self.spec.architecture, self.device, self.dtype, tp, self.plan.describe(),
         )  # fmt: skip
 
     def _build(self, config: EngineConfig, model_dir: str, dtype: torch.dtype | None) -> None:
-        self.model = load_model(model_dir, dtype=dtype, device=self.device, shard=self.tp.shard if self.tp else None)
+        shard = self.tp.shard if self.tp is not None else None
+        self.model = load_model(model_dir, dtype=dtype, device=self.device, shard=shard)
         if self.tp is not None:
             self.tp.group.attach(self.model)
         self.spec = self.model.spec

@@ -52,10 +52,8 @@ class ForwardMetadata:
 
     def to(self, device: torch.device | str) -> ForwardMetadata:
         """The same metadata with every tensor on `device`."""
-        moved = {
-            f.name: v.to(device) if isinstance(v := getattr(self, f.name), Tensor) else v for f in fields(self)
-        }
-        return ForwardMetadata(**moved)
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return ForwardMetadata(**{k: v.to(device) if isinstance(v, Tensor) else v for k, v in values.items()})
 
     @classmethod
     def build(

@@ -25,8 +25,8 @@ BLOCK = 4
 def _config(name: str) -> dict:
     if name == "qwen3-next-moe":
         return preset_config("tiny") | dict(
-            num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=96,
-            mlp_only_layers=[1], attention_bias=True,
+            num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+            shared_expert_intermediate_size=96, mlp_only_layers=[1], attention_bias=True,
         )  # fmt: skip
     if name == "nemotron-h-latent-moe":
         cfg = preset_config("tiny-nemotron-h")
@@ -130,6 +130,7 @@ def test_two_ranks_sum_to_the_full_model(tmp_path, name):
     for layer, full_ssm in enumerate(want[1]):
         both = torch.cat([got[0][1][layer], got[1][1][layer]], dim=1)
         assert float((both - full_ssm).norm() / full_ssm.norm()) < 1e-5
+
 
 def test_rank_spec_and_errors():
     spec = ModelSpec.from_hf(preset_config("tiny"))
