@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing as mp
+import pickle
 import weakref
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -34,6 +35,7 @@ from flashstate.models.base import HybridForCausalLM
 from flashstate.models.spec import ModelSpec
 
 JOIN_SECONDS = 10.0
+DEATH_SECONDS = 2.0  # how long a failed step waits to learn whether a worker died
 logger = logging.getLogger("flashstate")
 
 
@@ -47,7 +49,11 @@ class ParallelModel:
 
     def __call__(self, input_ids: Tensor, meta: ForwardMetadata) -> Tensor:
         self._driver.broadcast(("step", self._driver.take_copies(), input_ids.cpu(), meta.to("cpu")))
-        return self.local(input_ids, meta)
+        try:
+            return self.local(input_ids, meta)
+        except RuntimeError as e:  # a collective failed: name the worker that died, if one did
+            self._driver.check_alive(wait=DEATH_SECONDS, cause=e)
+            raise
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.local, name)
@@ -153,11 +159,23 @@ class TensorParallelDriver:
         return copies
 
     def broadcast(self, msg: tuple) -> None:
+        # Plain pickle bytes: Connection.send would move tensors through shared memory.
+        data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+        self.check_alive()
+        for conn in self.conns:
+            try:
+                conn.send_bytes(data)
+            except OSError as e:
+                self.check_alive(wait=DEATH_SECONDS, cause=e)
+                raise
+
+    def check_alive(self, wait: float = 0.0, cause: BaseException | None = None) -> None:
+        """Raise if a worker has exited (waiting up to `wait` seconds for one that is going)."""
         for rank, (conn, proc) in enumerate(zip(self.conns, self.procs, strict=True), start=1):
+            proc.join(wait)
             if proc.exitcode is not None:
                 error = conn.recv()[1] if conn.poll() else f"exit code {proc.exitcode}"
-                raise RuntimeError(f"tensor-parallel worker {rank} died: {error}")
-            conn.send(msg)
+                raise RuntimeError(f"tensor-parallel worker {rank} died: {error}") from cause
 
     def shutdown(self) -> None:
         """Stop the workers (idempotent); none is left running."""
@@ -170,7 +188,7 @@ class TensorParallelDriver:
 def _stop(procs: list[BaseProcess], conns: list[Connection]) -> None:
     for conn in conns:
         with contextlib.suppress(OSError):
-            conn.send(("shutdown",))
+            conn.send_bytes(pickle.dumps(("shutdown",)))
     for proc in procs:
         proc.join(JOIN_SECONDS)
         if proc.is_alive():

@@ -32,28 +32,35 @@ def client_store(port: int, world_size: int) -> dist.TCPStore:
 
 
 class TPGroup:
-    """`all_reduce` over all ranks; returns once every rank has contributed (blocks all of them)."""
+    """`all_reduce` over all ranks (in place). On CPU a gloo group of its own; on GPU NCCL through
+    torch.distributed's default group (so one tensor-parallel engine per process at a time)."""
 
     def __init__(self, store: dist.Store, rank: int, world_size: int, device: torch.device):
         self.rank, self.world_size, self.device = rank, world_size, device
+        self.pg = None
         if device.type == "cuda":
             disable_nvls()
-            self.pg = dist.ProcessGroupNCCL(dist.PrefixStore("nccl/", store), rank, world_size)
+            if dist.is_initialized():
+                raise RuntimeError("torch.distributed is already initialised in this process")
+            dist.init_process_group(
+                "nccl", store=dist.PrefixStore("nccl/", store), rank=rank, world_size=world_size
+            )
         else:
             self.pg = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, world_size, STEP_TIMEOUT)
 
     def all_reduce(self, x: Tensor) -> Tensor:
-        """Sum `x` across ranks, in place."""
-        self.pg.allreduce([x]).wait()
+        if self.pg is None:
+            dist.all_reduce(x)
+        else:
+            self.pg.allreduce([x]).wait()
         return x
 
     def attach(self, model: nn.Module) -> None:
         attach_reduce(model, self.all_reduce)
 
     def close(self) -> None:
-        shutdown = getattr(self.pg, "shutdown", None)
-        if self.device.type == "cuda" and shutdown is not None:
-            shutdown()
+        if self.pg is None and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def attach_reduce(model: nn.Module, all_reduce: Callable[[Tensor], Tensor]) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import traceback
 from multiprocessing.connection import Connection
 
@@ -51,14 +52,14 @@ def _serve(config: EngineConfig, model_dir: str, rank: int, port: int, conn: Con
     model = load_model(model_dir, dtype=dtype, device=device, shard=Shard(rank, world))
     group.attach(model)
     conn.send(("ready", cache_budget(config, device)))
-    _, num_blocks, num_slots = conn.recv()
+    _, num_blocks, num_slots = pickle.loads(conn.recv_bytes())
     caches = CacheTensors.allocate(
         model.spec, num_blocks, config.block_size, num_slots, next(model.parameters()).dtype, device
     )
     caches.bind(model)
     with torch.inference_mode():
         while True:
-            msg = conn.recv()
+            msg = pickle.loads(conn.recv_bytes())
             if msg[0] == "shutdown":
                 break
             _, copies, input_ids, meta = msg

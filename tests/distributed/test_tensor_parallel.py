@@ -5,6 +5,8 @@ errors for splits and devices that cannot work."""
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
 import random
 import time
 from pathlib import Path
@@ -101,6 +103,15 @@ def test_cuda_needs_one_gpu_per_rank():
     with pytest.raises(TensorParallelError, match=r"needs GPUs 0\.\.1"):
         LLM(str(preset_dir("tiny")), device="cuda", tensor_parallel_size=2)
     assert not multiprocessing.active_children()
+
+
+def test_a_dead_worker_is_an_error_not_a_hang():
+    with LLM(str(preset_dir("tiny")), tensor_parallel_size=2, **ENGINE) as llm:
+        (pid,) = llm.engine.tp.pids
+        os.kill(pid, signal.SIGKILL)
+        assert not _wait_gone([pid])
+        with pytest.raises(RuntimeError, match="tensor-parallel worker 1 died"):
+            llm.generate([[1, 2, 3]], PARAMS)
 
 
 def _children(pid: int) -> list[int]:
