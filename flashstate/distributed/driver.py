@@ -174,7 +174,10 @@ class TensorParallelDriver:
         for rank, (conn, proc) in enumerate(zip(self.conns, self.procs, strict=True), start=1):
             proc.join(wait)
             if proc.exitcode is not None:
-                error = conn.recv()[1] if conn.poll() else f"exit code {proc.exitcode}"
+                error = f"exit code {proc.exitcode}"
+                with contextlib.suppress(EOFError, OSError):
+                    if conn.poll():
+                        error = conn.recv()[1]
                 raise RuntimeError(f"tensor-parallel worker {rank} died: {error}") from cause
 
     def shutdown(self) -> None:
