@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from flashstate.config import EngineConfig
-from flashstate.distributed.group import TPGroup, disable_nvls, master_store, rank_device
+from flashstate.distributed.group import TPGroup, disable_nvls, master_store, rank_device, split_cpu_threads
 from flashstate.distributed.shard_plan import Shard, TensorParallelError, shard_spec
 from flashstate.distributed.worker import run_worker
 from flashstate.engine.cache_tensors import CacheTensors
@@ -95,6 +95,7 @@ class TensorParallelDriver:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.shard = Shard(0, n)
+        self._threads = split_cpu_threads(self.device, n)
         self.copies: list[tuple[str, int, int]] = []
         self.store = master_store(n)
         ctx = mp.get_context("spawn")
@@ -183,6 +184,7 @@ class TensorParallelDriver:
     def shutdown(self) -> None:
         """Stop the workers (idempotent); none is left running."""
         self._finalizer()
+        torch.set_num_threads(self._threads)
         group = getattr(self, "group", None)
         if group is not None:
             group.close()

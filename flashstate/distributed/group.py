@@ -73,6 +73,15 @@ def attach_reduce(model: nn.Module, all_reduce: Callable[[Tensor], Tensor]) -> N
         modules[name].register_forward_hook(lambda _m, _args, out: all_reduce(out))
 
 
+def split_cpu_threads(device: torch.device, world_size: int) -> int:
+    """On CPU the ranks share the cores: give this process its share of torch's threads (N processes
+    each spinning all cores' threads is many times slower). Returns the previous count."""
+    before = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(max(1, before // world_size))
+    return before
+
+
 def rank_device(device: torch.device, rank: int) -> torch.device:
     """One GPU per rank: rank r of an engine on cuda:k runs on cuda:k+r; on CPU every rank is `cpu`."""
     if device.type != "cuda":

@@ -19,7 +19,7 @@ from multiprocessing.connection import Connection
 import torch
 
 from flashstate.config import EngineConfig
-from flashstate.distributed.group import TPGroup, client_store, disable_nvls, rank_device
+from flashstate.distributed.group import TPGroup, client_store, disable_nvls, rank_device, split_cpu_threads
 from flashstate.distributed.shard_plan import Shard
 
 
@@ -45,6 +45,7 @@ def _serve(config: EngineConfig, model_dir: str, rank: int, port: int, conn: Con
     device = rank_device(resolve_device(config.device), rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    split_cpu_threads(device, world)
     store = client_store(port, world)
     conn.send(("hello",))
     group = TPGroup(store, rank, world, device)
