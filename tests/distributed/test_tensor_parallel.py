@@ -123,15 +123,8 @@ def _children(pid: int) -> list[int]:
 
 
 def test_server_exit_stops_the_workers(tmp_path):
-    args = [
-        "--served-model-name",
-        "m",
-        "--tensor-parallel-size",
-        "2",
-        "--prefill-cost-coefficients",
-        "1e-5",
-        "1e-8",
-    ]
+    args = ["--served-model-name", "m", "--tensor-parallel-size", "2", "--kv-cache-memory-bytes", "32M"]
+    args += ["--prefill-cost-coefficients", "1e-5", "1e-8"]
     server = Server(args, tmp_path / "log")
     try:
         server.wait_ready()
