@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import signal
 import random
+import signal
 import time
 from pathlib import Path
 
