@@ -97,6 +97,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         default=d.tensor_parallel_size,
         help="GPUs to split the model's heads over (one process per GPU; on CPU, gloo processes)",
     )
+    g.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        default=d.enforce_eager,
+        help="run decode steps eagerly (no CUDA graphs)",
+    )
 
 
 def add_cache_args(p: argparse.ArgumentParser) -> None:

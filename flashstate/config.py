@@ -48,6 +48,7 @@ class EngineConfig:
     api_key: str | None = None
     max_waiting_requests: int = 1024  # beyond this the server answers 503
     tensor_parallel_size: int = 1  # ranks (GPUs: cuda:k..k+N-1) the model's heads are split over
+    enforce_eager: bool = False  # no CUDA graphs for decode
     max_request_body_bytes: int = 32 << 20  # larger request bodies get 413
 
     @property

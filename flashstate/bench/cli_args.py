@@ -108,8 +108,14 @@ def _compare_args(cmp: argparse.ArgumentParser) -> None:
         "--policies", default="flashstate,vllm", help=f"comma-separated, from {', '.join(CACHE_POLICIES)}"
     )
     cmp.add_argument(
-        "--reference", default=None, help="policy the ratios are against (default: vllm or last)"
+        "--variant",
+        action="append",
+        default=[],
+        metavar="'NAME=POLICY [FLAGS]'",
+        help="one more server, named NAME, with cache policy POLICY and its own serve flags "
+        "(repeatable), e.g. --variant 'asc-only=flashstate --prefix-cache-eviction lru'",
     )
+    cmp.add_argument("--reference", default=None, help="run the ratios are against (default: vllm or last)")
     cmp.add_argument("--model", default=None, help="model directory for the servers (default: embedded tiny)")
     cmp.add_argument("--serve-args", default="", help="more `flashstate serve` flags, one quoted string")
     cmp.add_argument("--server-timeout", type=float, default=600.0, help="seconds for a server to start")

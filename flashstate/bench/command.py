@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from flashstate.bench import synthetic
-from flashstate.bench.compare import ServerError, ServerSpec, run_compare
+from flashstate.bench.compare import ServerError, ServerSpec, Variant, run_compare
 from flashstate.bench.config import ReplayConfig
 from flashstate.bench.cost import Prices
 from flashstate.bench.prompts import auto_length_scale
@@ -139,18 +139,18 @@ def _run(args: argparse.Namespace) -> int:
         run = replay(_replay_config(args, scale, args.url), workload())
         result = build_result(run, args.label, info, scale, _prices(args))
         return _finish({args.label: result}, _out_dir(args), None, "flashstate bench run")
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    bad = [p for p in policies if p not in CACHE_POLICIES]
-    if bad or not policies:
-        raise ValueError(f"--policies: unknown {bad}; choose from {', '.join(CACHE_POLICIES)}")
-    reference = args.reference or ("vllm" if "vllm" in policies else policies[-1])
+    variants = _variants(args.policies, getattr(args, "variant", None) or [])
+    names = [v.name for v in variants]
+    reference = args.reference or ("vllm" if "vllm" in names else names[-1])
+    if reference not in names:
+        raise ValueError(f"--reference {reference!r} is none of the compared runs: {', '.join(names)}")
     scale = _scale(args, sample, None)
     serve_args = (("--model", args.model) if args.model else ()) + tuple(shlex.split(args.serve_args))
     spec = ServerSpec(serve_args, args.server_timeout)
     out = _out_dir(args)
     try:
         results = run_compare(
-            policies,
+            variants,
             _replay_config(args, scale, "http://127.0.0.1"),
             workload,
             info,
@@ -163,7 +163,27 @@ def _run(args: argparse.Namespace) -> int:
     except ServerError as e:
         print(f"flashstate bench: {e}", file=sys.stderr)
         return 1
-    return _finish(results, out, reference, f"flashstate bench compare: {', '.join(policies)}")
+    return _finish(results, out, reference, f"flashstate bench compare: {', '.join(names)}")
+
+
+def _variants(policies: str, specs: list[str]) -> list[Variant]:
+    """`--policies a,b` plus each `--variant "NAME=POLICY [serve flags]"`, names unique."""
+    out = [Variant(p.strip(), p.strip()) for p in policies.split(",") if p.strip()]
+    for spec in specs:
+        words = shlex.split(spec)
+        name, sep, policy = words[0].partition("=") if words else ("", "", "")
+        if not sep or not name or not policy:
+            raise ValueError(f"--variant {spec!r}: expected NAME=POLICY followed by serve flags")
+        out.append(Variant(name, policy, tuple(words[1:])))
+    bad = sorted({v.policy for v in out} - set(CACHE_POLICIES))
+    if bad or not out:
+        raise ValueError(
+            f"unknown cache policy {bad or '(none given)'}; choose from {', '.join(CACHE_POLICIES)}"
+        )
+    seen = [v.name for v in out]
+    if len(set(seen)) != len(seen):
+        raise ValueError(f"compared runs need distinct names, got {', '.join(seen)}")
+    return out
 
 
 def _stats(args: argparse.Namespace) -> int:

@@ -44,7 +44,7 @@ class ServerSpec:
     python: str = sys.executable
     entry: tuple[str, ...] = ("-m", "flashstate.cli", "serve")  # what runs after `python`
 
-    def command(self, policy: str, port: int) -> list[str]:
+    def command(self, policy: str, port: int, extra: tuple[str, ...] = ()) -> list[str]:
         return [
             self.python,
             *self.entry,
@@ -55,7 +55,17 @@ class ServerSpec:
             "--cache-policy",
             policy,
             *self.serve_args,
+            *extra,
         ]
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """One server of a comparison: a name for the report, a cache policy and flags of its own."""
+
+    name: str
+    policy: str
+    serve_args: tuple[str, ...] = ()
 
 
 def wait_ready(
@@ -77,10 +87,12 @@ def wait_ready(
 
 
 @contextlib.contextmanager
-def server_process(spec: ServerSpec, policy: str, log: Path) -> Iterator[tuple[str, list[str]]]:
-    """A running server for `policy`: yields (base_url, command); stops it on exit."""
+def server_process(
+    spec: ServerSpec, policy: str, log: Path, extra: tuple[str, ...] = ()
+) -> Iterator[tuple[str, list[str]]]:
+    """A running server for `policy` (plus `extra` flags): yields (base_url, command); stops it on exit."""
     port = free_port()
-    cmd = spec.command(policy, port)
+    cmd = spec.command(policy, port, extra)
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
@@ -106,7 +118,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def run_compare(
-    policies: list[str],
+    variants: list[Variant],
     config: ReplayConfig,
     workload: Callable[[], list[Session] | Iterator[Session]],
     workload_info: dict[str, Any],
@@ -116,13 +128,14 @@ def run_compare(
     out_dir: Path,
     log: Callable[[str], None] = print,
 ) -> dict[str, dict[str, Any]]:
-    """One result per policy, in order; `workload()` must give the same sessions on every call."""
+    """One result per variant, in order; `workload()` must give the same sessions on every call."""
     results = {}
-    for policy in policies:
-        log(f"== {policy}: starting the server")
-        with server_process(spec, policy, out_dir / f"server-{policy}.log") as (base_url, cmd):
-            log(f"== {policy}: replaying on {base_url}")
+    for v in variants:
+        log(f"== {v.name}: starting the server")
+        log_path = out_dir / f"server-{v.name}.log"
+        with server_process(spec, v.policy, log_path, v.serve_args) as (base_url, cmd):
+            log(f"== {v.name}: replaying on {base_url}")
             run = replay(replace(config, base_url=base_url), workload())
-        server = {"command": cmd, "cache_policy": policy}
-        results[policy] = build_result(run, policy, workload_info, scale, prices, server)
+        server = {"command": cmd, "cache_policy": v.policy, "variant_args": list(v.serve_args)}
+        results[v.name] = build_result(run, v.name, workload_info, scale, prices, server)
     return results

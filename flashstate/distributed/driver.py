@@ -65,6 +65,7 @@ class MirroredCaches:
     def __init__(self, caches: CacheTensors, driver: TensorParallelDriver):
         self.caches = caches
         self.kv, self.states = caches.kv, caches.states
+        self.pad_block, self.pad_slot = caches.pad_block, caches.pad_slot
         self._driver = driver
 
     def bind(self, model: Any) -> None:

@@ -4,7 +4,8 @@
                               v [num_blocks, block_size, kv_heads, v_head_dim]     (model dtype)
     state, per linear layer:  conv [num_slots, conv_channels, conv_kernel - 1]      (model dtype)
                               ssm  [num_slots, *LinearSpec.state_shape]             (fp32)
-A block id or slot id indexes the same row in every layer's tensor.
+A block id or slot id indexes the same row in every layer's tensor. One row past the pools' blocks and
+slots (`pad_block`, `pad_slot`) belongs to no pool: padded rows of a CUDA-graph batch write there.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ def state_bytes_per_slot(spec: ModelSpec, dtype: torch.dtype) -> int:
 class CacheTensors:
     kv: list[tuple[Tensor, Tensor]]
     states: list[tuple[Tensor, Tensor]]
+    pad_block: int
+    pad_slot: int
 
     @classmethod
     def allocate(
@@ -56,6 +59,8 @@ class CacheTensors:
     ) -> CacheTensors:
         kv, states = [], []
         a, lin = spec.attention, spec.linear
+        pad_block, pad_slot = num_blocks, num_slots
+        num_blocks, num_slots = num_blocks + 1, num_slots + 1
         for _ in spec.attention_layer_ids:
             kv.append(
                 (
@@ -74,7 +79,7 @@ class CacheTensors:
                     torch.zeros(num_slots, *lin.state_shape, dtype=STATE_DTYPE, device=device),
                 )
             )
-        return cls(kv, states)
+        return cls(kv, states, pad_block, pad_slot)
 
     def bind(self, model: HybridForCausalLM) -> None:
         model.bind_caches(self.kv, self.states)

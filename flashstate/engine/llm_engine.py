@@ -119,6 +119,9 @@ class LLMEngine:
             self.cache, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len
         )
         self.runner = ModelRunner(self.model, caches, config.block_size, self.device)
+        # Decode graphs stay single-rank for now: a worker would have to capture and replay the same graphs.
+        if not config.enforce_eager and self.tp is None:
+            self.runner.capture_graphs(config.max_num_seqs, -(-self.max_model_len // config.block_size))
         self.requests: dict[str, _Request] = {}
         self._ids = itertools.count()
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -79,36 +80,39 @@ class ForwardMetadata:
             )
         if has_initial_state is None:
             has_initial_state = [c > q for q, c in zip(query_lens, context_lens, strict=True)]
-        cu = [0]
-        positions: list[int] = []
-        slots: list[int] = []
-        for i, (q, c) in enumerate(zip(query_lens, context_lens, strict=True)):
-            if q < 1 or c < q:
-                raise ValueError(f"sequence {i}: need 1 <= query_len <= context_len, got {q}, {c}")
-            if len(block_tables[i]) * block_size < c:
-                raise ValueError(f"sequence {i}: {len(block_tables[i])} blocks cannot hold {c} tokens")
-            cu.append(cu[-1] + q)
-            for p in range(c - q, c):
-                positions.append(p)
-                slots.append(block_tables[i][p // block_size] * block_size + p % block_size)
-        width = max((len(t) for t in block_tables), default=0)
-        table = [t + [0] * (width - len(t)) for t in block_tables]
+        q = np.asarray(query_lens, dtype=np.int64).reshape(n)
+        c = np.asarray(context_lens, dtype=np.int64).reshape(n)
+        lens = np.fromiter((len(t) for t in block_tables), dtype=np.int64, count=n)
+        for i in np.flatnonzero((q < 1) | (c < q)):
+            raise ValueError(f"sequence {i}: need 1 <= query_len <= context_len, got {q[i]}, {c[i]}")
+        for i in np.flatnonzero(lens * block_size < c):
+            raise ValueError(f"sequence {i}: {lens[i]} blocks cannot hold {c[i]} tokens")
+        cu = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(q, out=cu[1:])
+        table = np.zeros((n, int(lens.max(initial=0))), dtype=np.int64)
+        for i, row in enumerate(block_tables):
+            table[i, : len(row)] = row
+        owner = np.repeat(np.arange(n), q)  # the sequence of each flat token
+        positions = np.arange(int(cu[-1]), dtype=np.int64) - cu[owner] + (c - q)[owner]
+        slots = table[owner, positions // block_size] * block_size + positions % block_size
         export_ids, export_slots = [], []
         for seq, count, slot in exports or []:
             if not 1 <= count <= query_lens[seq]:
                 raise ValueError(f"export of sequence {seq} after {count} tokens is outside its span")
-            export_ids.append(cu[seq] + count - 1)
+            export_ids.append(int(cu[seq]) + count - 1)
             export_slots.append(slot)
 
-        def t(x: list, dtype: torch.dtype = torch.int64) -> Tensor:
+        def t(x, dtype: torch.dtype = torch.int64) -> Tensor:
+            if isinstance(x, np.ndarray):
+                return torch.from_numpy(x).to(device=device, dtype=dtype)
             return torch.tensor(x, dtype=dtype, device=device)
 
         return cls(
             cu_seqlens=t(cu),
             positions=t(positions),
-            context_lens=t(context_lens),
+            context_lens=t(c),
             slot_mapping=t(slots),
-            block_tables=t(table).reshape(n, width),
+            block_tables=t(table),
             block_size=block_size,
             state_slots=t(state_slots),
             has_initial_state=t(has_initial_state, torch.bool),

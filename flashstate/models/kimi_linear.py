@@ -30,9 +30,9 @@ from flashstate.layers.metadata import ForwardMetadata
 from flashstate.layers.router import GroupedTopkRouter
 from flashstate.models.base import AttentionMixer, HybridForCausalLM, LinearMixer
 from flashstate.models.spec import AttentionSpec, LinearSpec, ModelSpec, MoeSpec
-from flashstate.ops.attention.naive import paged_attention, store_kv
-from flashstate.ops.kda.naive import chunk_kda, fused_recurrent_kda
-from flashstate.ops.short_conv.naive import causal_conv1d
+from flashstate.ops.attention import paged_attention, store_kv
+from flashstate.ops.kda import chunk_kda, fused_recurrent_kda
+from flashstate.ops.short_conv import causal_conv1d
 
 # HF and Moonshot build the MLA latent norms (q_a_layernorm, kv_a_layernorm) with the default eps,
 # not rms_norm_eps.

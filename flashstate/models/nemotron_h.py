@@ -21,9 +21,9 @@ from flashstate.layers.metadata import ForwardMetadata
 from flashstate.layers.router import GroupedTopkRouter
 from flashstate.models.base import AttentionMixer, HybridForCausalLM, LinearMixer
 from flashstate.models.spec import AttentionSpec, LinearSpec, ModelSpec, MoeSpec
-from flashstate.ops.attention.naive import paged_attention, store_kv
-from flashstate.ops.short_conv.naive import causal_conv1d
-from flashstate.ops.ssd.naive import chunk_ssd, fused_recurrent_ssd
+from flashstate.ops.attention import paged_attention, store_kv
+from flashstate.ops.short_conv import causal_conv1d
+from flashstate.ops.ssd import chunk_ssd, fused_recurrent_ssd
 
 
 def _act(name: str):

@@ -17,9 +17,9 @@ from torch import Tensor, nn
 from flashstate.layers.metadata import ForwardMetadata
 from flashstate.models.base import AttentionMixer, HybridForCausalLM, LinearMixer
 from flashstate.models.spec import AttentionSpec, LinearSpec, ModelSpec, MoeSpec, UnsupportedModelError
-from flashstate.ops.attention.naive import paged_attention, store_kv
-from flashstate.ops.gated_delta_rule.naive import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
-from flashstate.ops.short_conv.naive import causal_conv1d
+from flashstate.ops.attention import paged_attention, store_kv
+from flashstate.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+from flashstate.ops.short_conv import causal_conv1d
 
 
 def _check_act(act: str) -> None:
@@ -36,6 +36,10 @@ class Qwen3NextRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: Tensor) -> Tensor:
+        if x.is_cuda:
+            from flashstate.ops.norm.triton import rms_norm
+
+            return rms_norm(x, self.weight, self.eps, offset=1.0)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return (h * (1.0 + self.weight.float())).to(x.dtype)
@@ -50,6 +54,10 @@ class Qwen3NextRMSNormGated(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor, z: Tensor) -> Tensor:
+        if x.is_cuda:
+            from flashstate.ops.norm.triton import gated_rms_norm
+
+            return gated_rms_norm(x, z, self.weight, self.eps)
         h = x.float()
         h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
         return (self.weight * h * F.silu(z.float())).to(x.dtype)

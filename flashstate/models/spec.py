@@ -145,6 +145,11 @@ class ModelSpec:
     def linear_layer_ids(self) -> list[int]:
         return [i for i, layer in enumerate(self.layers) if layer.mixer == "linear"]
 
+    @property
+    def cuda_graph_safe(self) -> bool:
+        """The decode forward never waits on the device (the MoE routers look up the selected experts)."""
+        return all(layer.ffn != "moe" for layer in self.layers)
+
     @classmethod
     def from_hf(cls, config: dict[str, Any] | str | Path) -> ModelSpec:
         """Build from an HF `config.json` (a path, a directory holding one, or the parsed dict)."""

@@ -49,10 +49,16 @@ def test_bench_compare_one_server_per_policy(tmp_path, trace, monkeypatch, capsy
     monkeypatch.setattr("flashstate.bench.command.ServerSpec", lambda args, timeout: FAKE)
     out = tmp_path / "cmp"
     policies = "flashstate,vllm,none"
-    rc = main(["bench", "compare", "--policies", policies, "--workload", trace, "--out", str(out), *FAST])
+    variant = ["--variant", "echo=none --echo-ids"]  # a named run with flags of its own
+    rc = main(
+        ["bench", "compare", "--policies", policies, *variant, "--workload", trace, "--out", str(out), *FAST]
+    )
     assert rc == 0
     doc = json.loads((out / "compare.json").read_text())
-    assert doc["policies"] == ["flashstate", "vllm", "none"] and doc["reference"] == "vllm"
+    assert doc["policies"] == ["flashstate", "vllm", "none", "echo"] and doc["reference"] == "vllm"
+    echo = doc["results"].pop("echo")["server"]
+    assert echo["cache_policy"] == "none" and echo["command"][-1] == "--echo-ids"
+    doc["policies"].remove("echo")
     hit = {p: doc["results"][p]["summary"]["token_hit_rate"] for p in doc["policies"]}
     assert hit["flashstate"] > hit["vllm"] > hit["none"] == 0.0
     servers = {p: doc["results"][p]["server"] for p in doc["policies"]}
@@ -72,7 +78,13 @@ def test_bench_errors_are_reported(tmp_path, capsys):
     assert main(["bench", "run", "--workload", str(tmp_path / "missing"), "--no-progress"]) == 2
     assert "no such file" in capsys.readouterr().err
     assert main(["bench", "compare", "--policies", "lru"]) == 2
-    assert "unknown ['lru']" in capsys.readouterr().err
+    assert "unknown cache policy ['lru']" in capsys.readouterr().err
+    assert main(["bench", "compare", "--variant", "noname --x"]) == 2
+    assert "NAME=POLICY" in capsys.readouterr().err
+    assert main(["bench", "compare", "--policies", "vllm", "--variant", "vllm=flashstate"]) == 2
+    assert "distinct names" in capsys.readouterr().err
+    assert main(["bench", "compare", "--reference", "sglang"]) == 2
+    assert "none of the compared runs" in capsys.readouterr().err
 
 
 def test_server_that_dies_is_reported(tmp_path):

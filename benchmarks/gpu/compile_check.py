@@ -1,0 +1,187 @@
+"""Compile every Triton kernel of flashstate.ops for Hopper (sm_90) without a GPU: catches type and
+shape errors before spending device time, and reports shared memory, wgmma (Hopper matrix instructions)
+and cp.async (pipelined loads) counts from the PTX. Needs `triton` installed.
+
+    PYTHONPATH=. python benchmarks/gpu/compile_check.py      # exit status 1 if any kernel fails
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if os.environ.get("TRITON_INTERPRET"):
+    sys.exit("unset TRITON_INTERPRET: the interpreter does not compile")
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from flashstate.ops.attention.triton import _merge_splits_kernel, _paged_attention_kernel
+from flashstate.ops.pooled_triton import _export_kernel, _zero_fresh_kernel
+from flashstate.ops.short_conv.triton import _conv_kernel, _window_kernel
+from flashstate.ops.ssd.decode_triton import _ssd_decode_kernel
+
+TARGET = GPUTarget("cuda", 90, 64)
+
+
+def build(
+    fn, pointers: dict[str, str], constants: dict, scalars: dict[str, str] | None = None, **options
+) -> bool:
+    """Arguments not named are i32 scalars."""
+    names = fn.arg_names
+    types = {**(scalars or {}), **pointers}
+    signature = {n: "constexpr" if n in constants else types.get(n, "i32") for n in names}
+    # as the JIT specialises at run time: pointers and strides divisible by 16 (16-byte loads legal)
+    aligned = {
+        (i,): [["tt.divisibility", 16]]
+        for i, n in enumerate(names)
+        if n in pointers or (n.startswith("stride") and n not in constants)
+    }
+    source = ASTSource(
+        fn=fn,
+        signature=signature,
+        constexprs={(names.index(k),): v for k, v in constants.items()},
+        attrs=aligned,
+    )
+    label = f"{fn.__name__} {dict(sorted(constants.items()))}"
+    try:
+        kernel = triton.compile(source, target=TARGET, options=options)
+    except Exception as e:  # report every failing kernel, not only the first
+        print("FAIL", label, "\n", str(e)[:2000])
+        return False
+    ptx = kernel.asm.get("ptx", "")
+    print(
+        f"ok   {label[:150]}  shared={kernel.metadata.shared} wgmma={ptx.count('wgmma.mma_async')} "
+        f"cp.async={ptx.count('cp.async.cg') + ptx.count('cp.async.ca')}"
+    )
+    return True
+
+
+def main() -> None:
+    ok = []
+    export = dict(
+        h="*bf16",
+        k="*bf16",
+        v_new="*bf16",
+        g_cum="*fp32",
+        cu_seqlens="*i64",
+        chunk_offsets="*i64",
+        export_ids="*i64",
+        out="*fp32",
+    )
+    ok.append(
+        build(
+            _export_kernel,
+            export,
+            dict(H=16, HV=16, K=128, V=128, C=64, BK=128, BV=32, BLOCK_N=1, PER_CHANNEL=True, V_FIRST=False),
+        )
+    )
+    ok.append(
+        build(
+            _export_kernel,
+            export,
+            dict(H=16, HV=32, K=128, V=64, C=64, BK=128, BV=32, BLOCK_N=4, PER_CHANNEL=False, V_FIRST=True),
+        )
+    )
+    ok.append(
+        build(_zero_fresh_kernel, dict(pool="*fp32", indices="*i64", has_initial="*i1"), dict(BLOCK=4096))
+    )
+    ok.append(
+        build(
+            _merge_splits_kernel, dict(part_acc="*fp32", part_ml="*fp32", out="*bf16"), dict(DV=128, BDV=128)
+        )
+    )
+    attn = dict(
+        q="*bf16",
+        k_cache="*bf16",
+        v_cache="*bf16",
+        out="*bf16",
+        part_acc="*fp32",
+        part_ml="*fp32",
+        cu_seqlens="*i64",
+        context_lens="*i32",
+        block_tables="*i32",
+        tile_seq="*i32",
+        tile_tok="*i32",
+    )
+    for decode, split, d, bd, bm, bn, warps, stages in [
+        (True, True, 128, 128, 16, 64, 4, 3),
+        (False, False, 128, 128, 128, 128, 8, 3),
+        (False, False, 192, 256, 128, 64, 8, 2),  # MLA: qk 192, v 128
+        (True, True, 192, 256, 16, 64, 4, 2),
+    ]:
+        ok.append(
+            build(
+                _paged_attention_kernel,
+                attn,
+                dict(
+                    G=4 if d == 128 else 1,
+                    PAGE=16,
+                    D=d,
+                    DV=128,
+                    BD=bd,
+                    BDV=128,
+                    BM=bm,
+                    BN=bn,
+                    SPLIT=split,
+                    DECODE=decode,
+                ),
+                scalars=dict(qk_scale="fp32"),
+                num_warps=warps,
+                num_stages=stages,
+            )
+        )
+    conv = dict(
+        x="*bf16",
+        weight="*fp32",
+        bias="*fp32",
+        y="*bf16",
+        pool="*bf16",
+        seq_of_token="*i64",
+        cu_seqlens="*i64",
+        indices="*i64",
+        has_initial="*i1",
+    )
+    ok.append(build(_conv_kernel, conv, dict(K=4, HAS_BIAS=True, SILU=True, BT=32, BD=128)))
+    window = dict(
+        x="*bf16",
+        pool="*fp32",
+        out="*fp32",
+        seq_of_row="*i64",
+        last_of_row="*i64",
+        cu_seqlens="*i64",
+        indices="*i64",
+        has_initial="*i1",
+    )
+    for row_is_seq in (False, True):
+        ok.append(build(_window_kernel, window, dict(W=3, ROW_IS_SEQ=row_is_seq, BD=256)))
+    ssd = dict(
+        x="*bf16",
+        dt="*bf16",
+        A="*fp32",
+        B="*bf16",
+        C="*bf16",
+        D="*fp32",
+        dt_bias="*fp32",
+        y="*bf16",
+        pool="*fp32",
+        indices="*i64",
+        has_initial="*i1",
+    )
+    ok.append(
+        build(
+            _ssd_decode_kernel,
+            ssd,
+            dict(
+                HEADS_PER_GROUP=8, H=64, P=64, N=128, BP=32, BN=128, HAS_D=True, HAS_BIAS=True, SOFTPLUS=True
+            ),
+            scalars=dict(dt_lo="fp32", dt_hi="fp32"),
+        )
+    )
+    print(f"{sum(ok)}/{len(ok)} kernels compiled for sm_90")
+    sys.exit(0 if all(ok) else 1)
+
+
+if __name__ == "__main__":
+    main()

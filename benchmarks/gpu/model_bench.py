@@ -1,0 +1,397 @@
+"""The engine on the H200 with a ~2B benchmark preset: correctness first, then prefill, decode, in-chunk
+export and checkpoint copy timings against the card's measured ceilings (issue 7).
+
+    PYTHONPATH=. python benchmarks/gpu/model_bench.py [--preset qwen3-next-2b] [--quick]
+
+Writes $OUT/model_bench_<preset>.json and prints one table last. Every timing goes through the engine's
+own objects (paged KV pool, state pool, ModelRunner, CUDA graphs), not bare kernels.
+
+Definitions:
+  prefill FLOPs   2 · (non-embedding linear weights) · T  +  per attention layer 2 · H · (Dqk + Dv) · T²/2
+                  (causal), the lm head for the last token only; recurrent-mixer FLOPs are not counted
+  decode floor    (every weight once + each sequence's states read and written + its KV read) divided
+                  by the measured device copy rate (read + write bytes per second)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from smoke import ceilings  # noqa: E402
+
+from flashstate import LLM, SamplingParams  # noqa: E402
+from flashstate.engine.cache_tensors import kv_bytes_per_block, state_bytes_per_slot  # noqa: E402
+from flashstate.layers.metadata import ForwardMetadata  # noqa: E402
+from flashstate.models.presets import preset_dir  # noqa: E402
+
+GREEDY = dict(temperature=0, ignore_eos=True)
+
+
+def cuda_time(fn, repeats: int = 3) -> float:
+    fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def linear_weights(model: torch.nn.Module) -> int:
+    """Weights of every nn.Linear except the lm head."""
+    return sum(
+        m.weight.numel()
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) and name != "lm_head"
+    )
+
+
+def prefill_flops(llm: LLM, tokens: int) -> float:
+    engine = llm.engine
+    spec, a = engine.spec, engine.spec.attention
+    flops = 2.0 * linear_weights(engine.model) * tokens + 2.0 * spec.hidden_size * spec.vocab_size
+    if a is not None:
+        per_layer = 2.0 * a.num_heads * (a.head_dim + a.v_head_dim) * tokens * tokens / 2
+        flops += per_layer * len(spec.attention_layer_ids)
+    return flops
+
+
+def make_llm(model_dir: Path, **kw) -> LLM:
+    args = dict(
+        device="cuda",
+        dtype="bfloat16",
+        prefill_cost_coefficients=(1e-6, 1e-12),
+        max_num_seqs=64,
+        gpu_memory_utilization=0.85,
+    )
+    args.update(kw)
+    return LLM(str(model_dir), **args)
+
+
+def prompt(n: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(100, 2000, (n,), generator=g).tolist()
+
+
+def check_oracle(model_dir: Path, out: dict) -> None:
+    """GPU engine (bf16, GPU kernels) vs the CPU oracle (fp32, reference ops) on a short prompt."""
+    ids = prompt(300, 1)
+    logits = {}
+    for device, dtype in (("cpu", "float32"), ("cuda", "bfloat16")):
+        llm = LLM(
+            str(model_dir),
+            device=device,
+            dtype=dtype,
+            enable_prefix_caching=False,
+            enforce_eager=True,
+            kv_cache_memory_bytes=1 << 30,
+            max_num_seqs=4,
+        )
+        seen = []
+        llm.engine.runner.on_logits = lambda ids_, lg, seen=seen: seen.append(lg.float().cpu())
+        res = llm.generate([ids], SamplingParams(max_tokens=8, **GREEDY))[0]
+        logits[device] = (torch.cat(seen), res.token_ids)
+        del llm
+        torch.cuda.empty_cache()
+    (lc, tc), (lg, tg) = logits["cpu"], logits["cuda"]
+    first = (lg[0] - lc[0]).norm() / lc[0].norm()
+    out["oracle"] = {
+        "first_logits_rel_err": float(first),
+        "greedy_tokens_cpu": tc,
+        "greedy_tokens_gpu": tg,
+        "first_token_equal": tc[0] == tg[0],
+    }
+
+
+def check_greedy_paths(llm: LLM, out: dict) -> None:
+    """Cold run vs prefix hit at an arbitrary depth vs restore from a state exported inside a chunk."""
+    params = SamplingParams(max_tokens=24, **GREEDY)
+    a = prompt(1237, 2)
+    first = llm.generate([a], SamplingParams(max_tokens=5, **GREEDY))[0]
+    follow = a + first.token_ids + prompt(301, 3)
+    hit = llm.generate([follow], params)[0]
+    llm.engine.reset_prefix_cache()
+    cold = llm.generate([follow], params)[0]
+    llm.engine.reset_prefix_cache()
+    long = prompt(5000, 4)
+    llm.engine.add_request(long, SamplingParams(max_tokens=1, **GREEDY), checkpoint_positions=[3333])
+    while llm.engine.has_unfinished():
+        llm.engine.step()
+    branch = long[:3333] + prompt(257, 5)
+    exported = llm.generate([branch], params)[0]
+    llm.engine.reset_prefix_cache()
+    branch_cold = llm.generate([branch], params)[0]
+    llm.engine.reset_prefix_cache()
+    out["greedy_paths"] = {
+        "hit_depth": hit.num_cached_tokens,
+        "hit_equals_cold": hit.token_ids == cold.token_ids,
+        "export_depth": exported.num_cached_tokens,
+        "export_equals_cold": exported.token_ids == branch_cold.token_ids,
+    }
+
+
+def profile_step(llm: LLM, ids: list[int], params: SamplingParams) -> None:
+    """Where one prefill step's GPU time goes: $OUT/profile_prefill_<n>.txt, the top kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    llm.engine.add_request(ids, params)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        llm.engine.step()
+        torch.cuda.synchronize()
+    while llm.engine.has_unfinished():
+        llm.engine.step()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70)
+    (Path(os.environ.get("OUT", ".")) / f"profile_prefill_{len(ids)}.txt").write_text(table)
+
+
+def bench_prefill(
+    model_dir: Path, lengths: list[int], ceiling: float, out: dict, profile_at: int = 32768
+) -> None:
+    rows = []
+    for n in lengths:
+        llm = make_llm(
+            model_dir,
+            enable_prefix_caching=False,
+            max_num_batched_tokens=n,
+            max_model_len=n + 16,
+            max_num_seqs=4,
+            kv_cache_memory_bytes=16 << 30,
+        )
+        params = SamplingParams(max_tokens=1, **GREEDY)
+        llm.generate([prompt(min(n, 2048), 9)], params)
+        seconds = []
+        for rep in range(2):
+            ids = prompt(n, 10 + rep)
+            llm.engine.add_request(ids, params)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            llm.engine.step()
+            torch.cuda.synchronize()
+            seconds.append(time.perf_counter() - start)
+            while llm.engine.has_unfinished():
+                llm.engine.step()
+        s = min(seconds)
+        flops = prefill_flops(llm, n)
+        if n == profile_at:
+            profile_step(llm, prompt(n, 20), params)
+        rows.append(
+            {
+                "tokens": n,
+                "seconds": s,
+                "tokens_per_s": n / s,
+                "tflops": flops / s / 1e12,
+                "fraction_of_matmul": flops / s / 1e12 / ceiling,
+            }
+        )
+        del llm
+        torch.cuda.empty_cache()
+    out["prefill"] = rows
+
+
+def bench_export(model_dir: Path, n: int, out: dict) -> None:
+    """One n-token prefill forward with 0 vs 4 exported states (model forward only, same batch)."""
+    llm = make_llm(
+        model_dir,
+        enable_prefix_caching=False,
+        max_num_batched_tokens=n,
+        max_model_len=n + 16,
+        max_num_seqs=8,
+        kv_cache_memory_bytes=16 << 30,
+    )
+    engine = llm.engine
+    bs = engine.config.block_size
+    table = list(range(-(-n // bs)))
+    ids = torch.tensor(prompt(n, 11), device="cuda")
+    slots = engine.cache.state_pool
+
+    def meta(exports):
+        return ForwardMetadata.build([n], [n], [table], bs, [0], [False], exports, device="cuda")
+
+    free = [slots.allocate() for _ in range(5)]
+    plain = meta([])
+    exp = meta([(0, p, s) for p, s in zip((1000, 7777, n // 2 + 13, n - 5), free[1:], strict=True)])
+    with torch.inference_mode():
+        t0 = cuda_time(lambda: engine.model(ids, plain), 5)
+        t1 = cuda_time(lambda: engine.model(ids, exp), 5)
+        copy = cuda_time(lambda: engine.runner.caches.copy_slot(free[1], free[2]), 20)
+    slot_bytes = state_bytes_per_slot(engine.spec, engine.dtype)
+    out["export"] = {
+        "tokens": n,
+        "exports": 4,
+        "forward_s": t0,
+        "forward_with_exports_s": t1,
+        "overhead": t1 / t0 - 1,
+        "checkpoint_bytes": slot_bytes,
+        "checkpoint_copy_s": copy,
+        "checkpoint_copy_gb_per_s": 2 * slot_bytes / copy / 1e9,
+    }
+    del llm
+    torch.cuda.empty_cache()
+
+
+def bench_decode(model_dir: Path, batches: list[int], context: int, copy_rate: float, out: dict) -> None:
+    """`b` sequences decoding at `context` tokens: they share one 32k-token cached prefix (a prefix hit each,
+    so building the batch costs one prefill), then each decodes; every step goes through engine.step()."""
+    rows = []
+    for eager in (False, True):
+        llm = make_llm(
+            model_dir,
+            max_num_batched_tokens=8192,
+            max_model_len=context + 512,
+            max_num_seqs=max(batches),
+            enforce_eager=eager,
+            kv_cache_memory_bytes=40 << 30,
+        )
+        engine = llm.engine
+        base = prompt(context - 1, 12)
+        llm.generate([base], SamplingParams(max_tokens=1, **GREEDY))
+        graphs = engine.runner.graphs
+        for b in batches:
+            steps = 64
+            for i in range(b):
+                engine.add_request(base + [i], SamplingParams(max_tokens=steps + 8, **GREEDY))
+            while (
+                any(s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running)
+                or engine.scheduler.waiting
+            ):
+                engine.step()
+            torch.cuda.synchronize()
+            gpu = []
+            if graphs is not None:
+                replay = graphs._graphs[next(s for s in graphs.sizes if s >= b)]
+                ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+                ev[0].record()
+                for _ in range(10):
+                    replay.replay()
+                ev[1].record()
+                torch.cuda.synchronize()
+                gpu.append(ev[0].elapsed_time(ev[1]) / 10 / 1e3)
+            start = time.perf_counter()
+            for _ in range(steps):
+                engine.step()
+            torch.cuda.synchronize()
+            step = (time.perf_counter() - start) / steps
+            while engine.has_unfinished():
+                engine.step()
+            spec = engine.spec
+            weights = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+            kv = kv_bytes_per_block(spec, 1, engine.dtype) * (context + 40) * b
+            states = 2 * state_bytes_per_slot(spec, engine.dtype) * b
+            floor = (weights + kv + states) / (copy_rate / 2)  # copy_rate counts read + write
+            row = {
+                "batch": b,
+                "context": context,
+                "cuda_graphs": not eager,
+                "step_s": step,
+                "floor_s": floor,
+                "step_over_floor": step / floor,
+            }
+            if gpu:
+                row["graph_replay_s"] = gpu[0]
+                row["host_overhead"] = 1 - gpu[0] / step
+            rows.append(row)
+        del llm
+        torch.cuda.empty_cache()
+    out["decode"] = rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--preset", default="qwen3-next-2b")
+    p.add_argument("--prefill", default="8192,32768,131072")
+    p.add_argument("--decode-batches", default="1,16,64")
+    p.add_argument("--decode-context", type=int, default=32768)
+    p.add_argument("--skip", default="", help="comma list of: oracle,paths,prefill,export,decode")
+    a = p.parse_args()
+    skip = set(a.skip.split(","))
+    out: dict = {"preset": a.preset, "torch": torch.__version__, "device": torch.cuda.get_device_name()}
+    out.update(ceilings())
+    start = time.perf_counter()
+    model_dir = preset_dir(a.preset)
+    out["materialize_s"] = time.perf_counter() - start
+    steps = [
+        ("oracle", lambda: check_oracle(model_dir, out)),
+        (
+            "paths",
+            lambda: check_greedy_paths(
+                make_llm(
+                    model_dir, max_num_batched_tokens=8192, max_model_len=8192, kv_cache_memory_bytes=8 << 30
+                ),
+                out,
+            ),
+        ),
+        (
+            "prefill",
+            lambda: bench_prefill(
+                model_dir, [int(x) for x in a.prefill.split(",")], out["bf16_matmul_tflops"], out
+            ),
+        ),
+        ("export", lambda: bench_export(model_dir, 32768, out)),
+        (
+            "decode",
+            lambda: bench_decode(
+                model_dir,
+                [int(x) for x in a.decode_batches.split(",")],
+                a.decode_context,
+                out["copy_gb_per_s"] * 1e9,
+                out,
+            ),
+        ),
+    ]
+    for name, fn in steps:
+        if name in skip:
+            continue
+        t = time.perf_counter()
+        try:
+            fn()
+        except Exception as e:  # one failing part must not hide the others' numbers
+            out[f"{name}_error"] = f"{type(e).__name__}: {e}"
+            out[f"{name}_traceback"] = traceback.format_exc()
+        out[f"{name}_wall_s"] = time.perf_counter() - t
+        torch.cuda.empty_cache()
+    path = Path(os.environ.get("OUT", ".")) / f"model_bench_{a.preset}.json"
+    path.write_text(json.dumps(out, indent=1))
+    print(json.dumps(out, indent=1))
+    print(
+        f"\nceilings: bf16 matmul {out['bf16_matmul_tflops']:.0f} TFLOP/s, "
+        f"copy {out['copy_gb_per_s']:.0f} GB/s"
+    )
+    for r in out.get("prefill", []):
+        print(
+            f"prefill {r['tokens']:>7}: {r['tokens_per_s']:>9.0f} tok/s  {r['tflops']:6.1f} TFLOP/s  "
+            f"{r['fraction_of_matmul']:.1%} of matmul"
+        )
+    for r in out.get("decode", []):
+        extra = f"  host {r['host_overhead']:.1%}" if "host_overhead" in r else ""
+        print(
+            f"decode b={r['batch']:>3} graphs={r['cuda_graphs']!s:5}: {r['step_s'] * 1e3:7.2f} ms/step  "
+            f"floor {r['floor_s'] * 1e3:6.2f} ms  ×{r['step_over_floor']:.2f}{extra}"
+        )
+    if "export" in out:
+        e = out["export"]
+        print(
+            f"export: +{e['overhead']:.2%} for 4 states in {e['tokens']} tokens; checkpoint copy "
+            f"{e['checkpoint_copy_s'] * 1e6:.0f} µs ({e['checkpoint_copy_gb_per_s']:.0f} GB/s)"
+        )
+    for k in ("oracle", "greedy_paths"):
+        if k in out:
+            print(k, {x: y for x, y in out[k].items() if "tokens" not in x})
+    for k, v in out.items():
+        if k.endswith("_error"):
+            print("ERROR", k, v, out[k.replace("_error", "_traceback")].splitlines()[-4:])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""Mamba2 SSD on the GPU: prefill through flash-linear-attention's simple-GLA chunk stages (SSD is linear
+attention with a scalar per-head decay), decode through a Triton kernel on the pool in place.
+
+The mapping, per head h of group g: q = C_g, k = B_g, v = Δ·x, log decay = Δ·A_h, scale 1, and
+y = o + D_h·x. The pool keeps states as [H, P, N] (head_dim × d_state), which is FLA's value-first
+layout. Exports are chunk start states advanced to their tokens (`states_at_exports`). FLA works in
+chunks of 64 whatever `chunk_size` says.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from flashstate.ops.pooled import gather_states, scatter_states
+from flashstate.ops.pooled_triton import states_at_exports_fused
+from flashstate.ops.ssd.decode_triton import ssd_decode_in_place
+from flashstate.ops.ssd.naive import _delta
+
+FLA_CHUNK = 64
+
+
+def chunk_ssd(
+    x: Tensor,
+    dt: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    D: Tensor | None = None,
+    *,
+    dt_bias: Tensor | None = None,
+    dt_softplus: bool = True,
+    dt_limit: tuple[float, float] = (0.0, float("inf")),
+    state_pool: Tensor,
+    state_indices: Tensor,
+    has_initial_state: Tensor,
+    cu_seqlens: Tensor,
+    export_token_ids: Tensor | None = None,
+    chunk_size: int = 64,
+) -> tuple[Tensor, Tensor]:
+    """x: [1, T, H, P]; dt: [1, T, H]; A: [H]; B, C: [1, T, G, N]; D: [H]; state_pool: [S, H, P, N].
+    Returns y: [1, T, H, P] (x's dtype) and the exported states [E, H, P, N]."""
+    from fla.ops.common.chunk_h import chunk_fwd_h
+    from fla.ops.common.chunk_o import chunk_fwd_o
+    from fla.ops.utils import chunk_local_cumsum
+    from fla.ops.utils.constant import RCP_LN2
+    from fla.ops.utils.index import prepare_chunk_indices, prepare_chunk_offsets
+
+    del chunk_size
+    if x.shape[0] != 1:
+        raise ValueError(f"varlen inputs must have batch size 1, got {x.shape[0]}")
+    heads, groups = x.shape[2], B.shape[2]
+    if heads % groups:
+        raise ValueError(f"{heads} heads cannot be split into {groups} groups")
+    cu = cu_seqlens.to(device=x.device, dtype=torch.long)
+    delta = _delta(dt, dt_bias, dt_softplus, dt_limit)  # [1, T, H] fp32
+    v = (x.float() * delta[..., None]).to(x.dtype)
+    k = B.repeat_interleave(heads // groups, dim=2).to(x.dtype)
+    q = C.repeat_interleave(heads // groups, dim=2).to(x.dtype)
+    h0 = gather_states(state_pool, state_indices, has_initial_state)
+    chunks = prepare_chunk_indices(cu, FLA_CHUNK)
+    g_cum = chunk_local_cumsum(
+        (delta * A.float()).contiguous(),
+        chunk_size=FLA_CHUNK,
+        scale=RCP_LN2,
+        cu_seqlens=cu,
+        chunk_indices=chunks,
+    )
+    h, final = chunk_fwd_h(
+        k=k,
+        v=v,
+        g=g_cum,
+        h0=h0,
+        output_final_state=True,
+        state_v_first=True,
+        cu_seqlens=cu,
+        chunk_size=FLA_CHUNK,
+    )
+    y = chunk_fwd_o(
+        q=q,
+        k=k,
+        v=v,
+        h=h,
+        g=g_cum,
+        scale=1.0,
+        state_v_first=True,
+        cu_seqlens=cu,
+        chunk_size=FLA_CHUNK,
+        chunk_indices=chunks,
+    )
+    if D is not None:
+        y = y.float() + D.float()[:, None] * x.float()
+    exported = states_at_exports_fused(
+        h,
+        k,
+        v,
+        g_cum,
+        cu,
+        prepare_chunk_offsets(cu, FLA_CHUNK),
+        export_token_ids,
+        FLA_CHUNK,
+        state_pool.dtype,
+        v_first=True,
+    )
+    scatter_states(state_pool, state_indices, final)
+    return y.to(x.dtype), exported
+
+
+def fused_recurrent_ssd(
+    x: Tensor,
+    dt: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    D: Tensor | None = None,
+    *,
+    dt_bias: Tensor | None = None,
+    dt_softplus: bool = True,
+    dt_limit: tuple[float, float] = (0.0, float("inf")),
+    state_pool: Tensor,
+    state_indices: Tensor,
+    has_initial_state: Tensor,
+    cu_seqlens: Tensor,
+    export_token_ids: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """The decode form. A batch of one token per sequence (N == T) updates the pool slots in place;
+    any other batch takes the chunked path, which computes the same function."""
+    kwargs = dict(
+        dt_bias=dt_bias,
+        dt_softplus=dt_softplus,
+        dt_limit=dt_limit,
+        state_pool=state_pool,
+        state_indices=state_indices,
+        has_initial_state=has_initial_state,
+    )
+    if cu_seqlens.shape[0] - 1 != x.shape[1]:
+        return chunk_ssd(
+            x, dt, A, B, C, D, cu_seqlens=cu_seqlens, export_token_ids=export_token_ids, **kwargs
+        )
+    y = ssd_decode_in_place(x, dt, A, B, C, D, **kwargs)
+    if export_token_ids is None or export_token_ids.numel() == 0:
+        exported = state_pool.new_empty((0, *state_pool.shape[1:]))
+    else:
+        exported = state_pool.index_select(0, state_indices.long()[export_token_ids.long()])
+    return y, exported

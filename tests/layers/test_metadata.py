@@ -1,0 +1,37 @@
+import pytest
+import torch
+
+from flashstate.layers.metadata import ForwardMetadata
+
+
+def test_positions_and_slots_follow_block_tables():
+    meta = ForwardMetadata.build(
+        query_lens=[3, 1, 2],
+        context_lens=[3, 18, 7],
+        block_tables=[[4], [2, 9], [5]],
+        block_size=16,
+        state_slots=[0, 1, 2],
+        exports=[(0, 2, 7), (2, 2, 8)],
+    )
+    assert meta.cu_seqlens.tolist() == [0, 3, 4, 6]
+    assert meta.positions.tolist() == [0, 1, 2, 17, 5, 6]
+    assert meta.slot_mapping.tolist() == [64, 65, 66, 9 * 16 + 1, 85, 86]
+    assert meta.block_tables.tolist() == [[4, 0], [2, 9], [5, 0]]
+    assert meta.has_initial_state.tolist() == [False, True, True]
+    assert meta.export_token_ids.tolist() == [1, 5] and meta.export_slots.tolist() == [7, 8]
+    assert meta.context_lens.dtype == torch.int64 and not meta.is_decode
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(query_lens=[0], context_lens=[1], block_tables=[[0]]), "query_len"),
+        (dict(query_lens=[2], context_lens=[1], block_tables=[[0]]), "query_len"),
+        (dict(query_lens=[1], context_lens=[17], block_tables=[[0]]), "cannot hold"),
+        (dict(query_lens=[1], context_lens=[1], block_tables=[[0], [1]]), "one entry per sequence"),
+        (dict(query_lens=[2], context_lens=[2], block_tables=[[0]], exports=[(0, 3, 1)]), "outside its span"),
+    ],
+)
+def test_bad_batches_are_refused(kw, message):
+    with pytest.raises(ValueError, match=message):
+        ForwardMetadata.build(block_size=16, state_slots=[0], **kw)

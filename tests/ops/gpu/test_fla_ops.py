@@ -1,0 +1,119 @@
+"""The FLA-backed recurrent ops against their naive oracles (CUDA and flash-linear-attention only; CI skips).
+bf16 inputs on the GPU, the same inputs in fp32 on the CPU for the oracle; FLA's bf16 intermediates put
+outputs near 4e-3 and states near 2e-3 relative (see BENCHMARKS.md, GPU ops)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("fla")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA device", allow_module_level=True)
+
+from flashstate.ops import gated_delta_rule, kda, ssd  # noqa: E402
+from flashstate.ops.gated_delta_rule import naive as gdn_naive  # noqa: E402
+from flashstate.ops.kda import naive as kda_naive  # noqa: E402
+from flashstate.ops.ssd import naive as ssd_naive  # noqa: E402
+
+BF16 = torch.bfloat16
+PREFILL = (
+    [300, 1, 77, 130],
+    [5, 2, 0, 7],
+    [False, True, False, True],
+    [0, 63, 64, 200, 299, 300, 301, 377, 500],
+)
+DECODE = ([1] * 5, [5, 2, 0, 7, 3], [False, True, False, False, True], [1, 3])
+
+
+def rel(a, b):
+    return float((a.double().cpu() - b.double().cpu()).norm() / b.double().cpu().norm())
+
+
+def _meta(lens, slots, fresh, exports, device):
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    return dict(
+        cu_seqlens=cu,
+        state_indices=torch.tensor(slots, device=device),
+        has_initial_state=~torch.tensor(fresh, device=device),
+        export_token_ids=torch.tensor(exports, device=device),
+    )
+
+
+def _compare(gpu_op, cpu_op, inputs, pool, batch, **kw):
+    pg, pc = pool.cuda(), pool.clone()
+    og, eg = gpu_op(*[x.cuda() for x in inputs], state_pool=pg, **_meta(*batch, "cuda"), **kw)
+    oc, ec = cpu_op(*inputs, state_pool=pc, **_meta(*batch, "cpu"), **kw)
+    return rel(og, oc), rel(pg, pc), rel(eg, ec)
+
+
+@pytest.mark.parametrize("batch", [PREFILL, DECODE], ids=["prefill", "decode"])
+@pytest.mark.parametrize("form", ["chunk", "fused_recurrent"])
+def test_gated_delta_rule_matches_oracle(batch, form):
+    torch.manual_seed(0)
+    t = sum(batch[0])
+    inputs = [
+        torch.randn(1, t, 2, 64).to(BF16),
+        torch.randn(1, t, 2, 64).to(BF16),
+        torch.randn(1, t, 4, 64).to(BF16),
+        F.logsigmoid(torch.randn(1, t, 4)) * 0.5,
+        torch.rand(1, t, 4).to(BF16),
+    ]
+    name = f"{form}_gated_delta_rule"
+    o, p, e = _compare(
+        getattr(gated_delta_rule, name),
+        getattr(gdn_naive, name),
+        inputs,
+        torch.randn(8, 4, 64, 64) * 0.1,
+        batch,
+        use_qk_l2norm_in_kernel=True,
+    )
+    assert o < 1e-2 and p < 5e-3 and e < 5e-3
+
+
+@pytest.mark.parametrize("batch", [PREFILL, DECODE], ids=["prefill", "decode"])
+@pytest.mark.parametrize("form", ["chunk", "fused_recurrent"])
+def test_kda_matches_oracle(batch, form):
+    torch.manual_seed(1)
+    t = sum(batch[0])
+    inputs = [torch.randn(1, t, 4, 64).to(BF16) for _ in range(3)]
+    inputs += [F.logsigmoid(torch.randn(1, t, 4, 64)) * 0.5, torch.rand(1, t, 4).to(BF16)]
+    name = f"{form}_kda"
+    o, p, e = _compare(
+        getattr(kda, name),
+        getattr(kda_naive, name),
+        inputs,
+        torch.randn(8, 4, 64, 64) * 0.1,
+        batch,
+        use_qk_l2norm_in_kernel=True,
+    )
+    assert o < 1e-2 and p < 5e-3 and e < 5e-3
+
+
+@pytest.mark.parametrize("batch", [PREFILL, DECODE], ids=["prefill", "decode"])
+@pytest.mark.parametrize("form", ["chunk", "fused_recurrent"])
+def test_ssd_matches_oracle(batch, form):
+    torch.manual_seed(2)
+    t = sum(batch[0])
+    inputs = [
+        torch.randn(1, t, 8, 32).to(BF16),
+        torch.randn(1, t, 8).to(BF16) - 1.0,
+        -torch.rand(8) * 4,
+        torch.randn(1, t, 2, 64).to(BF16),
+        torch.randn(1, t, 2, 64).to(BF16),
+        torch.randn(8),
+    ]
+    bias = torch.randn(8) * 0.1
+    name = f"{form}_ssd"
+    pool = torch.randn(8, 8, 32, 64) * 0.1
+    pg, pc = pool.cuda(), pool.clone()
+    yg, eg = getattr(ssd, name)(
+        *[x.cuda() for x in inputs],
+        dt_bias=bias.cuda(),
+        dt_limit=(0.0, 4.0),
+        state_pool=pg,
+        **_meta(*batch, "cuda"),
+    )
+    yc, ec = getattr(ssd_naive, name)(
+        *inputs, dt_bias=bias, dt_limit=(0.0, 4.0), state_pool=pc, **_meta(*batch, "cpu")
+    )
+    assert rel(yg, yc) < 1e-2 and rel(pg, pc) < 5e-3 and rel(eg, ec) < 5e-3
