@@ -3,13 +3,15 @@
     PYTHONPATH=. python benchmarks/gpu/tp_check.py                       # ≥ 2 GPUs; writes $OUT/tp_check.json
     PYTHONPATH=. python benchmarks/gpu/tp_check.py --device cpu --small  # the same, small, on CPU (gloo)
 
-1. Exactness: for the three tiny presets and a ~2B preset (fp32, so reduction order cannot flip a greedy
-   choice on a near tie), two turns per agent (turn 2 resends turn 1 + its reply + new tokens and resumes
-   from the frontier checkpoint, mid-block) plus a sub-agent forked at an arbitrary depth; the TP=N tokens
-   must equal TP=1's.
-2. Throughput on qwen3-next-2b in bf16, TP=1 vs TP=N: prefill of one 8k-token prompt (one chunk, tok/s of
-   the time to first token) and decode of a batch of 16 (generated tokens after the first, per second,
-   between the last first token and the last finish). --small: tiny preset, 512 tokens, batch 4.
+1. Exactness: for the three tiny presets and a ~2B preset (in fp32, so that the different summation
+   order is unlikely to flip a greedy near tie), two turns per agent (turn 2 resends turn 1 + its reply +
+   new tokens and resumes from the frontier checkpoint, mid-block) plus a sub-agent forked at an arbitrary
+   depth; the TP=N tokens must equal TP=1's.
+2. Throughput on qwen3-next-2b in bf16, TP=1 (with and without decode CUDA graphs, which are single-rank
+   only so far) vs TP=N (eager): prefill of one 8k-token prompt (one chunk; tok/s of the time to first
+   token) and decode of a batch of 16 (generated tokens after the first, per second, between the last
+   first token and the last finish). --small: tiny preset, 512 tokens, batch 4.
+   `--only exactness|throughput` runs one part (each fits the device's 10-minute command limit better).
 """
 
 from __future__ import annotations
@@ -96,11 +98,14 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def throughput(preset: str, tp: int, device: str, prefill_len: int, batch: int, decode_len: int) -> dict:
+def throughput(
+    preset: str, tp: int, eager: bool, device: str, prefill_len: int, batch: int, decode_len: int
+) -> dict:
     llm = _engine(
         preset,
         tp,
         device,
+        enforce_eager=eager,
         enable_prefix_caching=False,
         max_num_batched_tokens=prefill_len,
         max_num_seqs=max(batch, 1),
@@ -129,6 +134,7 @@ def throughput(preset: str, tp: int, device: str, prefill_len: int, batch: int, 
     best_prefill = min(prefill[1:])
     return {
         "tp": tp,
+        "decode_graphs": not eager and tp == 1 and device != "cpu",
         "prefill_tokens": prefill_len,
         "prefill_seconds": best_prefill,
         "prefill_tok_per_s": prefill_len / best_prefill,
@@ -143,6 +149,7 @@ def main() -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--tp", type=int, default=2)
     p.add_argument("--small", action="store_true", help="tiny sizes (CPU)")
+    p.add_argument("--only", choices=("exactness", "throughput"), help="run one part (JSON per part)")
     args = p.parse_args()
     if args.device.startswith("cuda") and torch.cuda.device_count() < args.tp:
         sys.exit(f"tp_check: needs {args.tp} GPUs, {torch.cuda.device_count()} visible")
@@ -156,21 +163,29 @@ def main() -> None:
         "tp": args.tp,
         "small": args.small,
     }
-    out["exactness"] = check_exactness(presets, args.tp, args.device, turn_tokens=40 if args.small else 300)
+    if args.only != "throughput":
+        out["exactness"] = check_exactness(presets, args.tp, args.device, 40 if args.small else 300)
     bench = ("tiny", 512, 4, 16) if args.small else ("qwen3-next-2b", 8192, 16, 64)
-    out["throughput_preset"] = bench[0]
-    out["throughput"] = [throughput(bench[0], n, args.device, *bench[1:]) for n in (1, args.tp)]
+    if args.only != "exactness":
+        out["throughput_preset"] = bench[0]
+        # Decode CUDA graphs are single-rank only: TP=1 is timed with and without them, TP=N eager.
+        runs = [(1, False), (1, True), (args.tp, True)]
+        out["throughput"] = [throughput(bench[0], n, eager, args.device, *bench[1:]) for n, eager in runs]
     folder = os.environ.get("OUT", ".")
     os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, "tp_check.json"), "w") as f:
+    with open(os.path.join(folder, f"tp_check{'_' + args.only if args.only else ''}.json"), "w") as f:
         json.dump(out, f, indent=1)
     print(f"\n{out['device']}, torch {out['torch']}, {bench[0]}")
     print("| check | result |\n|---|---|")
-    for row in out["exactness"]:
+    for row in out.get("exactness", []):
         print(f"| TP={args.tp} tokens == TP=1, {row['preset']} | {row['tokens_equal']} |")
-    print(f"\n| TP | prefill {bench[1]} tok (tok/s) | decode batch {bench[2]} (tok/s) |\n|---|---|---|")
+    if "throughput" not in out:
+        return
+    print(f"\n| TP | decode | prefill {bench[1]} tok (tok/s) | decode batch {bench[2]} (tok/s) |")
+    print("|---|---|---|---|")
     for r in out["throughput"]:
-        print(f"| {r['tp']} | {r['prefill_tok_per_s']:,.0f} | {r['decode_tok_per_s']:,.0f} |")
+        mode = "graphs" if r["decode_graphs"] else "eager"
+        print(f"| {r['tp']} | {mode} | {r['prefill_tok_per_s']:,.0f} | {r['decode_tok_per_s']:,.0f} |")
 
 
 if __name__ == "__main__":
