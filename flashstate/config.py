@@ -98,6 +98,8 @@ class EngineConfig:
         ):
             positive(name)
         self._check_host_tier()
+        if self.host_cache is not None and self.tensor_parallel_size > 1:
+            raise ValueError("host_cache needs tensor_parallel_size 1 (the host tier reads rank 0's pools)")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
         if not 0 <= self.state_cache_fraction < 1:
