@@ -95,7 +95,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "-tp",
         type=int,
         default=d.tensor_parallel_size,
-        help="GPUs to shard the model over (only 1 is supported for now)",
+        help="GPUs to split the model's heads over (one process per GPU; on CPU, gloo processes)",
     )
     g.add_argument(
         "--enforce-eager",

@@ -47,7 +47,7 @@ class EngineConfig:
     served_model_name: str | None = None
     api_key: str | None = None
     max_waiting_requests: int = 1024  # beyond this the server answers 503
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = 1  # ranks (GPUs: cuda:k..k+N-1) the model's heads are split over
     enforce_eager: bool = False  # no CUDA graphs for decode
     max_request_body_bytes: int = 32 << 20  # larger request bodies get 413
 
@@ -107,10 +107,10 @@ class EngineConfig:
         ):
             positive(name)
         self._check_host_tier()
+        if self.host_tier is not None and self.tensor_parallel_size > 1:
+            raise ValueError("host_cache needs tensor_parallel_size 1 (the host tier reads rank 0's pools)")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
-        if self.tensor_parallel_size != 1:
-            raise ValueError("tensor_parallel_size > 1 is not supported yet")
         if not 0 <= self.state_cache_fraction < 1:
             raise ValueError(f"state_cache_fraction must be in [0, 1), got {self.state_cache_fraction}")
 

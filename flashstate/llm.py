@@ -25,6 +25,17 @@ class LLM:
         llm.tokenizer = llm.engine.tokenizer
         return llm
 
+    def close(self) -> None:
+        """Finish the host tier's write-backs and stop tensor-parallel workers (also on leaving a
+        `with LLM(...)` block)."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt],

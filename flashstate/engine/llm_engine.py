@@ -44,6 +44,17 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def cache_budget(config: EngineConfig, device: torch.device) -> int:
+    """KV + state bytes this device can hold (per rank under tensor parallelism)."""
+    if config.kv_cache_memory_bytes is not None:
+        return config.kv_cache_memory_bytes
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        used = total - free
+        return max(int(total * config.gpu_memory_utilization) - used, 0)
+    return config.cpu_cache_memory_bytes
+
+
 @dataclass(slots=True)
 class _Request:
     seq: Sequence
@@ -64,7 +75,28 @@ class LLMEngine:
             model_dir = str(default_model_dir())
         dtype = None if config.dtype == "auto" else DTYPES[config.dtype]
         torch.manual_seed(config.seed)
-        self.model = load_model(model_dir, dtype=dtype, device=self.device)
+        self.tp = None  # TensorParallelDriver with tensor_parallel_size > 1: this process is rank 0
+        if config.tensor_parallel_size > 1:
+            from flashstate.distributed.driver import TensorParallelDriver
+
+            self.tp = TensorParallelDriver(config, str(model_dir), self.device)
+            self.device = self.tp.device
+        try:
+            self._build(config, model_dir, dtype)
+        except BaseException:
+            self.close()
+            raise
+        tp = config.tensor_parallel_size
+        logger.info(
+            "%s on %s (%s, tensor parallel %d): %s",
+            self.spec.architecture, self.device, self.dtype, tp, self.plan.describe(),
+        )  # fmt: skip
+
+    def _build(self, config: EngineConfig, model_dir: str, dtype: torch.dtype | None) -> None:
+        shard = self.tp.shard if self.tp is not None else None
+        self.model = load_model(model_dir, dtype=dtype, device=self.device, shard=shard)
+        if self.tp is not None:
+            self.tp.group.attach(self.model)
         self.spec = self.model.spec
         self.dtype = next(self.model.parameters()).dtype
         self.tokenizer = Tokenizer.from_dir(config.tokenizer or model_dir)
@@ -74,6 +106,9 @@ class LLMEngine:
         caches = CacheTensors.allocate(
             self.spec, self.plan.num_blocks, config.block_size, self.plan.num_slots, self.dtype, self.device
         )
+        if self.tp is not None:
+            caches = self.tp.start(self.model, caches, self.plan.num_blocks, self.plan.num_slots)
+            self.model = self.tp.model
         self.cost = self._prefill_cost(caches)
         self.host = build_host_tier(config, self.model, caches, self.cost)
         self.cache = CacheManager(
@@ -89,13 +124,11 @@ class LLMEngine:
             self.cache, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len
         )
         self.runner = ModelRunner(self.model, caches, config.block_size, self.device)
-        if not config.enforce_eager:
+        # Decode graphs stay single-rank for now: a worker would have to capture and replay the same graphs.
+        if not config.enforce_eager and self.tp is None:
             self.runner.capture_graphs(config.max_num_seqs, -(-self.max_model_len // config.block_size))
         self.requests: dict[str, _Request] = {}
         self._ids = itertools.count()
-        logger.info(
-            "%s on %s (%s): %s", self.spec.architecture, self.device, self.dtype, self.plan.describe()
-        )
         if self.host is not None:
             logger.info(
                 "host tier: %s store, %.1f MiB, %d-token chunks",
@@ -135,13 +168,8 @@ class LLMEngine:
         )
 
     def _cache_budget(self) -> int:
-        if self.config.kv_cache_memory_bytes is not None:
-            return self.config.kv_cache_memory_bytes
-        if self.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(self.device)
-            used = total - free
-            return max(int(total * self.config.gpu_memory_utilization) - used, 0)
-        return self.config.cpu_cache_memory_bytes
+        budget = cache_budget(self.config, self.device)
+        return budget if self.tp is None else self.tp.agree_on_budget(budget)
 
     # ---- requests -------------------------------------------------------------------------------
 
@@ -262,9 +290,13 @@ class LLMEngine:
         return self.cache.reset()
 
     def close(self) -> None:
-        """Finish the host tier's pending write-backs, stop its writer and leave its store."""
-        if self.host is not None:
-            self.host.close()
+        """Finish the host tier's pending write-backs and leave its store, and stop the tensor-parallel
+        workers (idempotent). The engine cannot step afterwards."""
+        host, self.host = getattr(self, "host", None), None
+        if host is not None:
+            host.close()
+        if self.tp is not None:
+            self.tp.shutdown()
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()

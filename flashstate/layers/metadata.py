@@ -17,7 +17,7 @@ For sequence i:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -50,6 +50,11 @@ class ForwardMetadata:
     @property
     def num_exports(self) -> int:
         return int(self.export_token_ids.numel())
+
+    def to(self, device: torch.device | str) -> ForwardMetadata:
+        """The same metadata with every tensor on `device`."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return ForwardMetadata(**{k: v.to(device) if isinstance(v, Tensor) else v for k, v in values.items()})
 
     @classmethod
     def build(

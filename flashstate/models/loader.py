@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from flashstate.distributed.shard_plan import Shard, ShardPlan, shard_spec
 from flashstate.models.base import HybridForCausalLM
 from flashstate.models.registry import build_model
 from flashstate.models.spec import ModelSpec
@@ -39,7 +40,10 @@ def checkpoint_files(path: Path) -> list[Path]:
     raise CheckpointError(f"no model.safetensors or model.safetensors.index.json in {path}")
 
 
-def load_weights(model: HybridForCausalLM, files: list[Path], strict_dtype: bool = True) -> None:
+def load_weights(
+    model: HybridForCausalLM, files: list[Path], strict_dtype: bool = True, plan: ShardPlan | None = None
+) -> None:
+    """Copy every checkpoint tensor into the module tree; with `plan`, only this rank's share of each."""
     params = dict(model.named_parameters())
     params.update((k, v) for k, v in model.named_buffers() if k in model.state_dict())
     tied = "lm_head.weight" if model.spec.tie_word_embeddings else None
@@ -55,6 +59,8 @@ def load_weights(model: HybridForCausalLM, files: list[Path], strict_dtype: bool
                 if name in seen:
                     raise CheckpointError(f"tensor {name!r} appears more than once in the checkpoint")
                 tensor = f.get_tensor(stored)
+                if plan is not None:
+                    tensor = plan.slice(name, tensor)
                 target = params[name]
                 if tuple(tensor.shape) != tuple(target.shape):
                     raise CheckpointError(
@@ -76,22 +82,30 @@ def load_weights(model: HybridForCausalLM, files: list[Path], strict_dtype: bool
 
 
 def load_model(
-    path: str | Path, dtype: torch.dtype | None = None, device: torch.device | str = "cpu"
+    path: str | Path,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str = "cpu",
+    shard: Shard | None = None,
 ) -> HybridForCausalLM:
     """Build the model named by `path/config.json` and load its safetensors.
 
     The checkpoint must store the dtype the model is built in (`dtype`, default the config's); pass
-    `dtype` to cast after loading.
+    `dtype` to cast after loading. With `shard`, build and load one tensor-parallel rank's share (its
+    `spec` is that share's: heads and intermediate sizes divided by the world size).
     """
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"model directory {path} does not exist")
     spec = ModelSpec.from_hf(path)
     files = checkpoint_files(path)
+    plan = None
+    if shard is not None and shard.world_size > 1:
+        plan = ShardPlan(spec, shard)
+        spec = shard_spec(spec, shard.world_size)
     with torch.device("meta"):
         model = build_model(spec)
     model = model.to_empty(device=device).to(spec.dtype)
-    load_weights(model, files)
+    load_weights(model, files, plan=plan)
     model.post_load()
     if dtype is not None and dtype != spec.dtype:
         model = model.to(dtype)

@@ -13,8 +13,10 @@ types → 400, all as OpenAI-style error JSON (server/errors.py).
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
+from collections.abc import AsyncIterator
 from http import HTTPStatus
 from typing import TypeVar
 
@@ -71,7 +73,13 @@ def build_app(engine: AsyncEngine, config: EngineConfig) -> FastAPI:
     metrics = ServerMetrics(engine, name)
     completions = OpenAIServingCompletion(engine, config, name, metrics)
     chat = OpenAIServingChat(engine, config, name, metrics)
-    app = FastAPI(title="flashstate", version=__version__)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        engine.shutdown()  # at application shutdown, before uvicorn re-raises a caught SIGTERM
+
+    app = FastAPI(title="flashstate", version=__version__, lifespan=lifespan)
     app.state.engine, app.state.metrics = engine, metrics
     install_handlers(app)
 

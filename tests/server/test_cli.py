@@ -49,7 +49,7 @@ def test_vllm_style_command_line_lands_in_engine_config():
 
 def test_cache_and_host_tier_flags_land_in_engine_config():
     c = config(
-        "--cache-policy", "vllm",
+        "--cache-policy", "sglang",
         "--no-mamba-frontier-checkpoint",
         "--no-mamba-prefill-export",
         "--prefix-cache-eviction", "lru",
@@ -62,7 +62,7 @@ def test_cache_and_host_tier_flags_land_in_engine_config():
         "--mooncake-master", "127.0.0.1:50051",
         "--max-waiting-requests", "7",
     )  # fmt: skip
-    assert c.cache_policy == "vllm" and not c.mamba_frontier_checkpoint and not c.mamba_prefill_export
+    assert c.cache_policy == "sglang" and not c.mamba_frontier_checkpoint and not c.mamba_prefill_export
     assert c.prefix_cache_eviction == "lru" and c.prefill_cost_coefficients == (2e-5, 3e-10)
     assert not c.prefix_cache_leaf_last and c.prefix_cache_leaf_idle_seconds == 12.5
     assert c.mamba_block_size == 1152 and c.max_waiting_requests == 7
@@ -82,7 +82,7 @@ def test_every_engine_config_field_has_a_flag_with_help():
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--tensor-parallel-size", "2"], "tensor_parallel_size > 1 is not supported"),
+        (["--tensor-parallel-size", "0"], "tensor_parallel_size must be >= 1"),
         (["--host-cache-bytes", "1G", "--cache-policy", "none"], "needs prefix caching on"),
         (["--host-cache", "memory", "--cache-policy", "vllm"], "not part of the vllm policy"),
         (["--cache-policy", "vllm", "--prefix-cache-eviction", "gds"], "evicts as vLLM does"),

@@ -1,0 +1,192 @@
+"""Tensor parallelism on one host: TP=N greedy tokens equal TP=1, then prefill and decode throughput.
+
+    PYTHONPATH=. python benchmarks/gpu/tp_check.py                       # ≥ 2 GPUs; writes $OUT/tp_check.json
+    PYTHONPATH=. python benchmarks/gpu/tp_check.py --device cpu --small  # the same, small, on CPU (gloo)
+
+1. Exactness: for the three tiny presets and a ~2B preset (in fp32, so that the different summation
+   order is unlikely to flip a greedy near tie), two turns per agent (turn 2 resends turn 1 + its reply +
+   new tokens and resumes from the frontier checkpoint, mid-block) plus a sub-agent forked at an arbitrary
+   depth; the TP=N tokens must equal TP=1's.
+2. Throughput on qwen3-next-2b in bf16, TP=1 (with and without decode CUDA graphs, which are single-rank
+   only so far) vs TP=N (eager): prefill of one 8k-token prompt (one chunk; tok/s of the time to first
+   token) and decode of a batch of 16 (generated tokens after the first, per second, between the last
+   first token and the last finish). --small: tiny preset, 512 tokens, batch 4.
+   `--only exactness|throughput` runs one part (each fits the device's 10-minute command limit better).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import sys
+import time
+
+import torch
+
+from flashstate import LLM, SamplingParams
+from flashstate.models.presets import preset_dir
+
+TINY = ["tiny", "tiny-nemotron-h", "tiny-kimi-linear"]
+
+
+def _engine(preset: str, tp: int, device: str, **kw) -> LLM:
+    return LLM(
+        str(preset_dir(preset)),
+        tensor_parallel_size=tp,
+        device=device,
+        prefill_cost_coefficients=(1e-5, 1e-10),
+        **kw,
+    )
+
+
+def _close(llm: LLM) -> None:
+    llm.close()
+    del llm
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _workload(llm: LLM, seed: int, turn_tokens: int) -> tuple[list[list[int]], list[int]]:
+    """Greedy tokens of every request and the cached depth of every turn-2 request."""
+    rng = random.Random(seed)
+    vocab = llm.engine.spec.vocab_size
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    agents = [[rng.randrange(vocab) for _ in range(turn_tokens + rng.randrange(13))] for _ in range(3)]
+    first = llm.generate(agents, params)
+    fork = agents[0][: rng.randint(3, len(agents[0]))] + [rng.randrange(vocab) for _ in range(7)]
+    second = [
+        a + o.token_ids + [rng.randrange(vocab) for _ in range(5)] for a, o in zip(agents, first, strict=True)
+    ]
+    outs = llm.generate([*second, fork], params)
+    return [o.token_ids for o in first + outs], [o.num_cached_tokens for o in outs]
+
+
+def check_exactness(presets: list[str], tp: int, device: str, turn_tokens: int) -> list[dict]:
+    rows = []
+    for preset in presets:
+        result = {}
+        for n in (1, tp):
+            kw = {"dtype": "float32", "block_size": 16, "max_num_batched_tokens": 64, "max_model_len": 4096}
+            llm = _engine(preset, n, device, kv_cache_memory_bytes=1 << 30, **kw)
+            start = time.perf_counter()
+            result[n] = (
+                *_workload(llm, seed=len(preset), turn_tokens=turn_tokens),
+                time.perf_counter() - start,
+            )
+            _close(llm)
+        tokens_1, cached_1, _ = result[1]
+        tokens_n, cached_n, _ = result[tp]
+        rows.append(
+            {
+                "preset": preset,
+                "tokens_equal": tokens_1 == tokens_n,
+                "cached_tp1": cached_1,
+                f"cached_tp{tp}": cached_n,
+                "mid_block_hit": any(c % 16 for c in cached_n),
+            }
+        )
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def throughput(
+    preset: str, tp: int, eager: bool, device: str, prefill_len: int, batch: int, decode_len: int
+) -> dict:
+    llm = _engine(
+        preset,
+        tp,
+        device,
+        enforce_eager=eager,
+        enable_prefix_caching=False,
+        max_num_batched_tokens=prefill_len,
+        max_num_seqs=max(batch, 1),
+        max_model_len=prefill_len + decode_len + 16,
+        kv_cache_memory_bytes=(8 << 30) if device != "cpu" else (256 << 20),
+    )
+    vocab = llm.engine.spec.vocab_size
+    rng = random.Random(0)
+    one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    prefill = []
+    for _ in range(4):  # the first is a warm-up
+        prompt = [rng.randrange(vocab) for _ in range(prefill_len)]
+        _sync()
+        start = time.perf_counter()
+        llm.generate([prompt], one)
+        _sync()
+        prefill.append(time.perf_counter() - start)
+    params = SamplingParams(temperature=0, max_tokens=decode_len, ignore_eos=True)
+    decode = []
+    for _ in range(3):
+        outs = llm.generate([[rng.randrange(vocab) for _ in range(128)] for _ in range(batch)], params)
+        begin = max(o.stats.first_token_time for o in outs)
+        end = max(o.stats.finished_time for o in outs)
+        decode.append(batch * (decode_len - 1) / (end - begin))
+    _close(llm)
+    best_prefill = min(prefill[1:])
+    return {
+        "tp": tp,
+        "decode_graphs": not eager and tp == 1 and device != "cpu",
+        "prefill_tokens": prefill_len,
+        "prefill_seconds": best_prefill,
+        "prefill_tok_per_s": prefill_len / best_prefill,
+        "decode_batch": batch,
+        "decode_tokens_each": decode_len,
+        "decode_tok_per_s": max(decode[1:]),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--tp", type=int, default=2)
+    p.add_argument("--small", action="store_true", help="tiny sizes (CPU)")
+    p.add_argument("--only", choices=("exactness", "throughput"), help="run one part (JSON per part)")
+    args = p.parse_args()
+    if args.device.startswith("cuda") and torch.cuda.device_count() < args.tp:
+        sys.exit(f"tp_check: needs {args.tp} GPUs, {torch.cuda.device_count()} visible")
+    presets = TINY if args.small else [*TINY, "qwen3-next-2b"]
+    out: dict = {
+        "date": time.strftime("%Y-%m-%d"),
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name()
+        if args.device.startswith("cuda")
+        else f"cpu ({os.cpu_count()} cores)",
+        "tp": args.tp,
+        "small": args.small,
+    }
+    if args.only != "throughput":
+        out["exactness"] = check_exactness(presets, args.tp, args.device, 40 if args.small else 300)
+    bench = ("tiny", 512, 4, 16) if args.small else ("qwen3-next-2b", 8192, 16, 64)
+    if args.only != "exactness":
+        out["throughput_preset"] = bench[0]
+        # Decode CUDA graphs are single-rank only: TP=1 is timed with and without them, TP=N eager.
+        runs = [(1, False), (1, True), (args.tp, True)]
+        out["throughput"] = [throughput(bench[0], n, eager, args.device, *bench[1:]) for n, eager in runs]
+    folder = os.environ.get("OUT", ".")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, f"tp_check{'_' + args.only if args.only else ''}.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    print(f"\n{out['device']}, torch {out['torch']}, {bench[0]}")
+    print("| check | result |\n|---|---|")
+    for row in out.get("exactness", []):
+        print(f"| TP={args.tp} tokens == TP=1, {row['preset']} | {row['tokens_equal']} |")
+    if "throughput" not in out:
+        return
+    print(f"\n| TP | decode | prefill {bench[1]} tok (tok/s) | decode batch {bench[2]} (tok/s) |")
+    print("|---|---|---|---|")
+    for r in out["throughput"]:
+        mode = "graphs" if r["decode_graphs"] else "eager"
+        print(f"| {r['tp']} | {mode} | {r['prefill_tok_per_s']:,.0f} | {r['decode_tok_per_s']:,.0f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""Rank 0's side of tensor parallelism: starts the worker processes, keeps them in step, stops them.
+
+    driver = TensorParallelDriver(config, model_dir, device)    # validates the split, spawns ranks 1..N-1
+    model = load_model(..., shard=driver.shard); driver.group.attach(model)
+    budget = driver.agree_on_budget(own_budget)                  # the smallest rank's
+    caches = driver.start(model, caches, num_blocks, num_slots)  # workers allocate the same pools
+    driver.model(input_ids, meta)                                # broadcast, then the local forward
+
+Cache-tensor copies made on rank 0 (copy-on-write blocks, slot copies) are queued and replayed by every
+worker before its next forward, so each rank's share of the pools goes through the same writes in the
+same order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing as mp
+import pickle
+import weakref
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from flashstate.config import EngineConfig
+from flashstate.distributed.group import TPGroup, disable_nvls, master_store, rank_device, split_cpu_threads
+from flashstate.distributed.shard_plan import Shard, TensorParallelError, shard_spec
+from flashstate.distributed.worker import run_worker
+from flashstate.engine.cache_tensors import CacheTensors
+from flashstate.layers.metadata import ForwardMetadata
+from flashstate.models.base import HybridForCausalLM
+from flashstate.models.spec import ModelSpec
+
+JOIN_SECONDS = 10.0
+DEATH_SECONDS = 2.0  # how long a failed step waits to learn whether a worker died
+logger = logging.getLogger("flashstate")
+
+
+class ParallelModel:
+    """Rank 0's model: calling it sends the batch to the workers first; everything else is the local
+    share's (`spec`, `compute_logits` over the replicated lm_head, `bind_caches`, ...)."""
+
+    def __init__(self, local: HybridForCausalLM, driver: TensorParallelDriver):
+        self.local = local
+        self._driver = driver
+
+    def __call__(self, input_ids: Tensor, meta: ForwardMetadata) -> Tensor:
+        self._driver.broadcast(("step", self._driver.take_copies(), input_ids.cpu(), meta.to("cpu")))
+        try:
+            return self.local(input_ids, meta)
+        except RuntimeError as e:  # a collective failed: name the worker that died, if one did
+            self._driver.check_alive(wait=DEATH_SECONDS, cause=e)
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.local, name)
+
+
+class MirroredCaches:
+    """Rank 0's cache tensors: copies apply here now and on every worker before its next forward."""
+
+    def __init__(self, caches: CacheTensors, driver: TensorParallelDriver):
+        self.caches = caches
+        self.kv, self.states = caches.kv, caches.states
+        self.pad_block, self.pad_slot = caches.pad_block, caches.pad_slot
+        self._driver = driver
+
+    def bind(self, model: Any) -> None:
+        self.caches.bind(model)
+
+    def copy_slot(self, src: int, dst: int) -> None:
+        self.caches.copy_slot(src, dst)
+        self._driver.copies.append(("copy_slot", src, dst))
+
+    def copy_block(self, src: int, dst: int) -> None:
+        self.caches.copy_block(src, dst)
+        self._driver.copies.append(("copy_block", src, dst))
+
+
+class TensorParallelDriver:
+    def __init__(self, config: EngineConfig, model_dir: str, device: torch.device):
+        n = config.tensor_parallel_size
+        shard_spec(ModelSpec.from_hf(model_dir), n)  # a split that cannot work fails before any spawn
+        if device.type == "cuda":
+            base = device.index or 0
+            if torch.cuda.device_count() < base + n:
+                raise TensorParallelError(
+                    f"tensor_parallel_size {n} on {device} needs GPUs {base}..{base + n - 1}; "
+                    f"{torch.cuda.device_count()} visible"
+                )
+            disable_nvls()
+        self.device = rank_device(device, 0)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.shard = Shard(0, n)
+        self._threads = split_cpu_threads(self.device, n)
+        self.copies: list[tuple[str, int, int]] = []
+        self.store = master_store(n)
+        ctx = mp.get_context("spawn")
+        self.procs: list[BaseProcess] = []
+        self.conns: list[Connection] = []
+        self._finalizer = weakref.finalize(self, _stop, self.procs, self.conns)
+        for rank in range(1, n):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(
+                target=run_worker,
+                args=(config, model_dir, rank, self.store.port, child),
+                name=f"flashstate-tp{rank}",
+                daemon=True,
+            )
+            proc.start()
+            child.close()
+            self.procs.append(proc)
+            self.conns.append(parent)
+        try:
+            for rank in range(1, n):
+                self._expect(rank, "hello")
+            self.group = TPGroup(self.store, 0, n, self.device)
+        except BaseException:
+            self.shutdown()
+            raise
+        self.model: ParallelModel | None = None
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs if p.pid is not None]
+
+    def _expect(self, rank: int, kind: str) -> tuple:
+        """The next message of worker `rank`, which must be `kind`; a worker's error or death raises."""
+        conn, proc = self.conns[rank - 1], self.procs[rank - 1]
+        while not conn.poll(0.2):
+            if proc.exitcode is not None:
+                raise RuntimeError(f"tensor-parallel worker {rank} exited with code {proc.exitcode}")
+        try:
+            msg = conn.recv()
+        except EOFError as e:
+            raise RuntimeError(f"tensor-parallel worker {rank} exited") from e
+        if msg[0] == "error":
+            raise RuntimeError(msg[1])
+        if msg[0] != kind:
+            raise RuntimeError(f"tensor-parallel worker {rank} sent {msg[0]!r}, expected {kind!r}")
+        return msg
+
+    def agree_on_budget(self, budget: int) -> int:
+        """Wait for every worker's model; the cache budget every rank can hold (the smallest one)."""
+        return min([budget] + [self._expect(rank, "ready")[1] for rank in range(1, len(self.procs) + 1)])
+
+    def start(
+        self, model: HybridForCausalLM, caches: CacheTensors, num_blocks: int, num_slots: int
+    ) -> MirroredCaches:
+        """Workers allocate the same pools (their heads' share); returns rank 0's mirrored caches."""
+        self.broadcast(("plan", num_blocks, num_slots))
+        self.model = ParallelModel(model, self)
+        return MirroredCaches(caches, self)
+
+    def take_copies(self) -> list[tuple[str, int, int]]:
+        copies, self.copies = self.copies, []
+        return copies
+
+    def broadcast(self, msg: tuple) -> None:
+        # Plain pickle bytes: Connection.send would move tensors through shared memory.
+        data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+        self.check_alive()
+        for conn in self.conns:
+            try:
+                conn.send_bytes(data)
+            except OSError as e:
+                self.check_alive(wait=DEATH_SECONDS, cause=e)
+                raise
+
+    def check_alive(self, wait: float = 0.0, cause: BaseException | None = None) -> None:
+        """Raise if a worker has exited (waiting up to `wait` seconds for one that is going)."""
+        for rank, (conn, proc) in enumerate(zip(self.conns, self.procs, strict=True), start=1):
+            proc.join(wait)
+            if proc.exitcode is not None:
+                error = f"exit code {proc.exitcode}"
+                with contextlib.suppress(EOFError, OSError):
+                    if conn.poll():
+                        error = conn.recv()[1]
+                raise RuntimeError(f"tensor-parallel worker {rank} died: {error}") from cause
+
+    def shutdown(self) -> None:
+        """Stop the workers (idempotent); none is left running."""
+        self._finalizer()
+        torch.set_num_threads(self._threads)
+        group = getattr(self, "group", None)
+        if group is not None:
+            group.close()
+
+
+def _stop(procs: list[BaseProcess], conns: list[Connection]) -> None:
+    for conn in conns:
+        with contextlib.suppress(OSError):
+            conn.send_bytes(pickle.dumps(("shutdown",)))
+    for proc in procs:
+        proc.join(JOIN_SECONDS)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    for conn in conns:
+        conn.close()
+    if procs:
+        codes = [p.exitcode for p in procs]
+        logger.info("tensor-parallel workers stopped (exit codes %s)", codes)

@@ -1,0 +1,70 @@
+"""A tensor-parallel worker process (rank ≥ 1): loads its share of the model, allocates its share of the
+KV blocks and state slots, then replays every step rank 0 sends it.
+
+Messages on the pipe from rank 0, in order:
+    ("plan", num_blocks, num_slots)                      once, after the worker reported ("ready", budget)
+    ("step", copies, input_ids, metadata)                every forward; copies: [(op, src, dst)] applied first
+    ("shutdown",)
+The worker exits when the pipe closes (rank 0 died) and reports any failure as ("error", traceback).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import traceback
+from multiprocessing.connection import Connection
+
+import torch
+
+from flashstate.config import EngineConfig
+from flashstate.distributed.group import TPGroup, client_store, disable_nvls, rank_device, split_cpu_threads
+from flashstate.distributed.shard_plan import Shard
+
+
+def run_worker(config: EngineConfig, model_dir: str, rank: int, port: int, conn: Connection) -> None:
+    disable_nvls()
+    try:
+        _serve(config, model_dir, rank, port, conn)
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        os._exit(1)  # rank 0 is gone
+    except BaseException:  # noqa: BLE001 — report whatever it was, then die
+        with contextlib.suppress(OSError):
+            conn.send(("error", f"tensor-parallel rank {rank}: {traceback.format_exc()}"))
+        os._exit(1)
+
+
+def _serve(config: EngineConfig, model_dir: str, rank: int, port: int, conn: Connection) -> None:
+    from flashstate.engine.cache_tensors import CacheTensors
+    from flashstate.engine.llm_engine import cache_budget, resolve_device
+    from flashstate.models.loader import load_model
+    from flashstate.models.spec import DTYPES
+
+    world = config.tensor_parallel_size
+    device = rank_device(resolve_device(config.device), rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    split_cpu_threads(device, world)
+    store = client_store(port, world)
+    conn.send(("hello",))
+    group = TPGroup(store, rank, world, device)
+    dtype = None if config.dtype == "auto" else DTYPES[config.dtype]
+    model = load_model(model_dir, dtype=dtype, device=device, shard=Shard(rank, world))
+    group.attach(model)
+    conn.send(("ready", cache_budget(config, device)))
+    _, num_blocks, num_slots = pickle.loads(conn.recv_bytes())
+    caches = CacheTensors.allocate(
+        model.spec, num_blocks, config.block_size, num_slots, next(model.parameters()).dtype, device
+    )
+    caches.bind(model)
+    with torch.inference_mode():
+        while True:
+            msg = pickle.loads(conn.recv_bytes())
+            if msg[0] == "shutdown":
+                break
+            _, copies, input_ids, meta = msg
+            for op, src, dst in copies:
+                getattr(caches, op)(src, dst)
+            model(input_ids.to(device), meta.to(device))
+    group.close()
