@@ -95,6 +95,7 @@ def main() -> None:
                     )
                 agents = make_agents(a.agents, a.turns, spec.vocab_size, seed)
                 rows[backend].append(run(config, agents, a.max_tokens))
+                print(f"seed {seed} {backend}: {rows[backend][-1]}", flush=True)
     finally:
         if master is not None:
             master.stop()
