@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from flashstate.cache.policy import vllm_geometry
+from flashstate.cache.vllm_pages import VllmPagePool
 from flashstate.config import EngineConfig
 from flashstate.engine.cache_tensors import kv_bytes_per_block, state_bytes_per_slot
 from flashstate.models.spec import ModelSpec
@@ -83,3 +84,14 @@ def _plan_vllm(
     checkpoints = pages // max(geo.num_state_groups, 1) + config.max_num_seqs
     working = config.max_num_seqs
     return CachePlan(num_blocks, config.block_size, working + checkpoints, working, block, slot, pages)
+
+
+def vllm_page_pool(
+    plan: CachePlan, config: EngineConfig, spec: ModelSpec, dtype: torch.dtype
+) -> VllmPagePool | None:
+    """The `vllm` policy's emulated vLLM page pool, of the pages the plan's budget buys; None for the
+    other policies."""
+    if plan.num_pages is None:
+        return None
+    geo = vllm_geometry(config, spec, dtype)
+    return VllmPagePool(plan.num_pages, geo.block, geo.num_state_groups, config.max_num_batched_tokens)

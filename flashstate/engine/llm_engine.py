@@ -18,10 +18,9 @@ from flashstate.cache.block_pool import BlockPool
 from flashstate.cache.cost import DEFAULT_COST, PrefillCost
 from flashstate.cache.host import build_host_tier
 from flashstate.cache.manager import CacheManager
-from flashstate.cache.memory_plan import CachePlan, plan_cache
-from flashstate.cache.policy import build_policy, vllm_geometry
+from flashstate.cache.memory_plan import CachePlan, plan_cache, vllm_page_pool
+from flashstate.cache.policy import build_policy
 from flashstate.cache.state_pool import StatePool
-from flashstate.cache.vllm_pages import VllmPagePool
 from flashstate.config import EngineConfig
 from flashstate.engine.cache_tensors import CacheTensors
 from flashstate.engine.calibration import load_or_calibrate, max_calibration_tokens
@@ -118,7 +117,7 @@ class LLMEngine:
             max_checkpoints=self.plan.num_slots - self.plan.num_working_slots,
             copy_block=caches.copy_block,
             host=self.host,
-            pages=self._vllm_pages(),
+            pages=vllm_page_pool(self.plan, config, self.spec, self.dtype),
         )
         self.scheduler = Scheduler(
             self.cache, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len
@@ -136,15 +135,6 @@ class LLMEngine:
                 self.host.capacity / (1 << 20),
                 self.host.layout.chunk_tokens,
             )
-
-    def _vllm_pages(self) -> VllmPagePool | None:
-        """The `vllm` policy's emulated vLLM page pool, of the pages the cache budget buys."""
-        if self.plan.num_pages is None:
-            return None
-        geo = vllm_geometry(self.config, self.spec, self.dtype)
-        return VllmPagePool(
-            self.plan.num_pages, geo.block, geo.num_state_groups, self.config.max_num_batched_tokens
-        )
 
     def _prefill_cost(self, caches: CacheTensors) -> PrefillCost:
         """C(n) from the flag, else (when GDS needs it) the cached or a fresh calibration."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from flashstate.cache.block_pool import BlockPool
 from flashstate.cache.cost import PrefillCost
 from flashstate.cache.manager import CacheManager
-from flashstate.cache.memory_plan import CachePlan, plan_cache
+from flashstate.cache.memory_plan import CachePlan, plan_cache, vllm_page_pool
 from flashstate.cache.policy import build_policy
 from flashstate.cache.state_pool import StatePool
 from flashstate.config import EngineConfig
@@ -86,6 +86,7 @@ class SimEngine:
             max_checkpoints=self.plan.num_slots - self.plan.num_working_slots,
             copy_block=lambda src, dst: None,
             clock=clock,
+            pages=vllm_page_pool(self.plan, config, spec, torch_dtype),
         )
         self.max_model_len = config.max_model_len or spec.max_position_embeddings
         self.scheduler = Scheduler(
