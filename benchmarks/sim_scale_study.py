@@ -135,9 +135,11 @@ def table(rows: list[dict[str, Any]]) -> str:
         hit = "–" if r["hit_rate"] is None else f"{r['hit_rate']:.1%}"
         p50 = "–" if r["ttft_p50"] is None else f"{r['ttft_p50']:.3g}"
         p90 = "–" if r["ttft_p90"] is None else f"{r['ttft_p90']:.3g}"
+        reqs = "–" if r["requests"] is None else r["requests"]
+        tpm = "–" if r["output_tpm"] is None else f"{r['output_tpm']:,.0f}"
         lines.append(
             f"| {r['agents']} | {100 * r['fraction']:.0f}% | {r['budget'] / 1e9:.1f} GB | {r['policy']} | "
-            f"{hit} | {p50} | {p90} | {r['requests']} | {r['output_tpm']:,.0f} | {r['cpu_s']:.0f} |"
+            f"{hit} | {p50} | {p90} | {reqs} | {tpm} | {r['cpu_s']:.0f} |"
         )
     return "\n".join(lines) + "\n"
 
