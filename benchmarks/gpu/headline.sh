@@ -35,8 +35,8 @@ case "$mode" in
   ablation)
     "$PY" -m flashstate.cli bench compare --policies "" --reference asc-only \
       --variant "asc-only=flashstate --prefix-cache-eviction lru" \
-      --variant "asc+gds=flashstate" \
-      --variant "asc+gds+host=flashstate --host-cache memory --host-cache-bytes 64G" \
+      --variant "asc-gds=flashstate" \
+      --variant "asc-gds-host=flashstate --host-cache memory --host-cache-bytes 64G" \
       --serve-args "$serve" "${common[@]}" --out "$OUT/ablation" "$@"
     ;;
   *)
