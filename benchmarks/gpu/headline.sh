@@ -7,7 +7,8 @@
 #   (GDS over block-aligned checkpoints needs an aligned placement for the flashstate policy: not yet)
 #
 # Environment: FLASHSTATE_TRACES (default .traces/claude-code: carry a copy, the set is not in the repo),
-# OUT (results, default bench-results/headline), PRESET (default qwen3-next-2b), DURATION (measured
+# RESULTS (default bench-results/headline; when OUT is set, as on the device machine, the results are
+# also packed into $OUT/headline-<mode>.tgz, since only a few files come back from there), PRESET (default qwen3-next-2b), DURATION (measured
 # seconds per run, default 90), KV_BYTES (KV + state budget, default 8G: well below the working set of
 # 48 agents at this scale), and any extra `bench compare` flags as arguments after the mode.
 set -euo pipefail
@@ -15,7 +16,7 @@ cd "$(dirname "$0")/../.."
 mode="${1:?usage: headline.sh policies|ablation [bench compare flags]}"
 shift
 TRACES="${FLASHSTATE_TRACES:-.traces/claude-code}"
-OUT="${OUT:-bench-results/headline}"
+RESULTS="${RESULTS:-bench-results/headline}"
 PRESET="${PRESET:-qwen3-next-2b}"
 DURATION="${DURATION:-90}"
 KV_BYTES="${KV_BYTES:-8G}"
@@ -30,17 +31,20 @@ common=(
 case "$mode" in
   policies)
     "$PY" -m flashstate.cli bench compare --policies flashstate,vllm,sglang,none --reference vllm \
-      --serve-args "$serve" "${common[@]}" --out "$OUT/policies" "$@"
+      --serve-args "$serve" "${common[@]}" --out "$RESULTS/policies" "$@"
     ;;
   ablation)
     "$PY" -m flashstate.cli bench compare --policies "" --reference asc-only \
       --variant "asc-only=flashstate --prefix-cache-eviction lru" \
       --variant "asc-gds=flashstate" \
       --variant "asc-gds-host=flashstate --host-cache memory --host-cache-bytes 64G" \
-      --serve-args "$serve" "${common[@]}" --out "$OUT/ablation" "$@"
+      --serve-args "$serve" "${common[@]}" --out "$RESULTS/ablation" "$@"
     ;;
   *)
     echo "headline.sh: unknown mode '$mode' (policies or ablation)" >&2
     exit 2
     ;;
 esac
+if [ -n "${OUT:-}" ]; then
+  tar czf "$OUT/headline-$mode.tgz" -C "$RESULTS" "$mode"
+fi
