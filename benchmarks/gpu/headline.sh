@@ -8,9 +8,10 @@
 #
 # Environment: FLASHSTATE_TRACES (default .traces/claude-code: carry a copy, the set is not in the repo),
 # RESULTS (default bench-results/headline; when OUT is set, as on the device machine, the results are
-# also packed into $OUT/headline-<mode>.tgz, since only a few files come back from there), PRESET (default qwen3-next-2b), DURATION (measured
-# seconds per run, default 90), KV_BYTES (KV + state budget, default 8G: well below the working set of
-# 48 agents at this scale), and any extra `bench compare` flags as arguments after the mode.
+# also packed into $OUT/headline-<mode>.tgz, since only a few files come back from there), PRESET
+# (default qwen3-next-2b), DURATION (measured seconds per run, default 90), KV_BYTES (KV + state budget,
+# default 8G: well below the working set of 48 agents at this scale), and any extra `bench compare`
+# flags as arguments after the mode.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mode="${1:?usage: headline.sh policies|ablation [bench compare flags]}"
