@@ -154,6 +154,8 @@ class CacheManager:
         """Make the block table cover num_computed_tokens + num_new_tokens; False (nothing taken) if short."""
         if self.pages is not None:
             self.pages.advance(seq.request_id, seq.token_ids, seq.num_computed_tokens)
+            if not self.pages.can_grow(seq.request_id, seq.num_computed_tokens + num_new_tokens):
+                return False  # the emulated pool is short: the scheduler preempts, as vLLM's does
         need = self.block_pool.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
         if need <= 0:
             return True

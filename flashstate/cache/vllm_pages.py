@@ -248,6 +248,16 @@ class VllmPagePool:
             if not self._step(req, end - req.computed):
                 return
 
+    def can_grow(self, rid: str, target: int) -> bool:
+        """Whether the pool can give the request the pages for `target` computed tokens now (vLLM's check
+        before a step; pages freed by retiring old states are not counted). The request may lag behind
+        our engine (its steps are vLLM's chunks), and what a short pool kept it from taking counts here
+        too. False: vLLM would preempt a running request, and so must we."""
+        req = self.requests[rid]
+        blocks = -(-target // self.block_size)
+        states = sum(blocks > len(req.blocks[g]) for g in range(self.num_state_groups))
+        return states + max(blocks - len(req.blocks[self.attention_group]), 0) <= self.num_free
+
     def end(self, rid: str, tokens: list[int]) -> None:
         """Run the remaining steps of `tokens` (prompt + every generated token; the last one is never
         computed) and free the request."""

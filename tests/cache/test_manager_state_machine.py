@@ -107,12 +107,15 @@ class CacheMachine(RuleBasedStateMachine):
     def step(self, i, n, token):
         seq = self.running[i % len(self.running)]
         n = min(n, seq.num_uncomputed)
-        if not self.cache.allocate(seq, n):
-            self.running.remove(seq)  # preempted: recomputed later from its (possibly cached) prefix
-            self.cache.release(seq, commit=False)
-            seq.num_computed_tokens = 0
-            self.waiting.insert(0, seq)
-            return
+        while not self.cache.allocate(seq, n):
+            # as the scheduler: preempt the newest running sequence (recomputed later from its possibly
+            # cached prefix), then try again unless that was this one
+            victim = self.running.pop()
+            self.cache.release(victim, commit=False)
+            victim.num_computed_tokens = 0
+            self.waiting.insert(0, victim)
+            if victim is seq:
+                return
         exports = self.cache.exports(seq, n)
         self.num_exports += len(exports)
         start = seq.num_computed_tokens

@@ -77,3 +77,21 @@ def test_scratch_pages_go_first_and_evictions_report_lost_states() -> None:
     pool.check_integrity()
     assert pool.lookup(first) == (0, 0)
     assert pool.num_evicted == 3
+
+
+def test_a_request_cannot_grow_past_the_free_pages_until_another_is_released() -> None:
+    """Side by side, requests share the pool: growth the pool cannot give is refused (the engine then
+    preempts, as vLLM's scheduler does) instead of running on pages nobody was charged for."""
+    B = 4
+    pool = VllmPagePool(12, B, num_state_groups=1)
+    a, b = list(range(10)), list(range(100, 110))
+    assert pool.begin("a", a) == 0 and pool.begin("b", b) == 0
+    pool.advance("a", a, 8)
+    pool.advance("b", b, 8)
+    # 11 usable pages; a and b hold 3 each (2 attention, 1 running state): 5 free.
+    assert pool.num_free == 5
+    assert pool.can_grow("a", 12)  # one more attention page and one state page
+    assert not pool.can_grow("a", 36)  # 9 blocks: 7 attention pages and a state page
+    pool.release("b")
+    assert pool.num_free == 8 and pool.can_grow("a", 36)
+    pool.check_integrity()
