@@ -18,8 +18,8 @@ def paged_attention(q: Tensor, *args, **kwargs):
     """Same contract as naive.paged_attention."""
     if q.is_cuda and q.shape[0] >= SDPA_MIN_SPAN * kwargs["context_lens"].numel():
         spans = kwargs["cu_seqlens"].diff()
-        fresh = int(spans.min()) >= SDPA_MIN_SPAN and bool((spans == kwargs["context_lens"]).all())
-        if fresh:  # host syncs: prefill only (decode never gets here)
+        fresh = (spans >= SDPA_MIN_SPAN) & (spans == kwargs["context_lens"])
+        if bool(fresh.all()):  # one host sync: prefill only (decode never gets here)
             return backend("attention", "sdpa", q).paged_attention(q, *args, **kwargs)
     return backend("attention", "triton", q).paged_attention(q, *args, **kwargs)
 

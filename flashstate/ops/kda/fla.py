@@ -8,13 +8,10 @@ exports are advanced to their tokens (`states_at_exports`). FLA works in chunks 
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
-from flashstate.ops.pooled import gather_states, scatter_states
-from flashstate.ops.pooled_triton import decode_delta_rule_in_place, states_at_exports_fused
-
-FLA_CHUNK = 64
+from flashstate.ops.fla_chunked import FLA_CHUNK, delta_rule_inputs, export_and_scatter, varlen_setup
+from flashstate.ops.pooled_triton import decode_delta_rule_in_place
 
 
 def chunk_kda(
@@ -35,28 +32,16 @@ def chunk_kda(
 ) -> tuple[Tensor, Tensor]:
     """q, k: [1, T, H, K]; v: [1, T, H, V]; g: [1, T, H, K]; beta: [1, T, H]; state_pool: [S, H, K, V].
     Returns o: [1, T, H, V] (q's dtype) and the exported states [E, H, K, V]."""
-    from fla.modules.norm.l2norm import l2norm_fwd
     from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
     from fla.ops.gla.chunk import chunk_gla_fwd_o_gk
     from fla.ops.kda.chunk_intra import chunk_kda_fwd_intra
-    from fla.ops.utils import chunk_local_cumsum
-    from fla.ops.utils.constant import RCP_LN2
-    from fla.ops.utils.index import prepare_chunk_indices, prepare_chunk_offsets
 
     del chunk_size
     if q.shape[0] != 1:
-        raise ValueError(f"varlen inputs must have batch 1, got {q.shape[0]}")
-    cu = cu_seqlens.to(device=q.device, dtype=torch.long)
+        raise ValueError(f"varlen ops take a flat batch [1, T, ...], got batch {q.shape[0]}")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    # FLA views its inputs flat: the model hands in strided slices of one projection.
-    q, k, v, beta = (x.contiguous() for x in (q, k, v, beta))
-    if use_qk_l2norm_in_kernel:
-        q, k = l2norm_fwd(q)[0], l2norm_fwd(k)[0]
-    h0 = gather_states(state_pool, state_indices, has_initial_state)
-    chunks = prepare_chunk_indices(cu, FLA_CHUNK)
-    g_cum = chunk_local_cumsum(
-        g.float().contiguous(), chunk_size=FLA_CHUNK, scale=RCP_LN2, cu_seqlens=cu, chunk_indices=chunks
-    )
+    q, k, v, beta = delta_rule_inputs(q, k, v, beta, use_qk_l2norm_in_kernel)
+    cu, chunks, g_cum, h0 = varlen_setup(g, cu_seqlens, state_pool, state_indices, has_initial_state)
     w, u, _, kg, a_qk, _ = chunk_kda_fwd_intra(
         q=q,
         k=k,
@@ -90,18 +75,7 @@ def chunk_kda(
         chunk_size=FLA_CHUNK,
         chunk_indices=chunks,
     )
-    exported = states_at_exports_fused(
-        h,
-        k,
-        v_new,
-        g_cum,
-        cu,
-        prepare_chunk_offsets(cu, FLA_CHUNK),
-        export_token_ids,
-        FLA_CHUNK,
-        state_pool.dtype,
-    )
-    scatter_states(state_pool, state_indices, final)
+    exported = export_and_scatter(h, k, v_new, g_cum, cu, export_token_ids, state_pool, state_indices, final)
     return o.to(q.dtype), exported
 
 

@@ -9,15 +9,11 @@ chunks of 64 whatever `chunk_size` says.
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
-from flashstate.ops.pooled import gather_states, scatter_states
-from flashstate.ops.pooled_triton import states_at_exports_fused
+from flashstate.ops.fla_chunked import FLA_CHUNK, export_and_scatter, varlen_setup
 from flashstate.ops.ssd.decode_triton import ssd_decode_in_place
 from flashstate.ops.ssd.naive import _delta
-
-FLA_CHUNK = 64
 
 
 def chunk_ssd(
@@ -42,9 +38,6 @@ def chunk_ssd(
     Returns y: [1, T, H, P] (x's dtype) and the exported states [E, H, P, N]."""
     from fla.ops.common.chunk_h import chunk_fwd_h
     from fla.ops.common.chunk_o import chunk_fwd_o
-    from fla.ops.utils import chunk_local_cumsum
-    from fla.ops.utils.constant import RCP_LN2
-    from fla.ops.utils.index import prepare_chunk_indices, prepare_chunk_offsets
 
     del chunk_size
     if x.shape[0] != 1:
@@ -52,19 +45,12 @@ def chunk_ssd(
     heads, groups = x.shape[2], B.shape[2]
     if heads % groups:
         raise ValueError(f"{heads} heads cannot be split into {groups} groups")
-    cu = cu_seqlens.to(device=x.device, dtype=torch.long)
     delta = _delta(dt, dt_bias, dt_softplus, dt_limit)  # [1, T, H] fp32
     v = (x.float() * delta[..., None]).to(x.dtype)
     k = B.repeat_interleave(heads // groups, dim=2).to(x.dtype)
     q = C.repeat_interleave(heads // groups, dim=2).to(x.dtype)
-    h0 = gather_states(state_pool, state_indices, has_initial_state)
-    chunks = prepare_chunk_indices(cu, FLA_CHUNK)
-    g_cum = chunk_local_cumsum(
-        (delta * A.float()).contiguous(),
-        chunk_size=FLA_CHUNK,
-        scale=RCP_LN2,
-        cu_seqlens=cu,
-        chunk_indices=chunks,
+    cu, chunks, g_cum, h0 = varlen_setup(
+        delta * A.float(), cu_seqlens, state_pool, state_indices, has_initial_state
     )
     h, final = chunk_fwd_h(
         k=k,
@@ -90,19 +76,9 @@ def chunk_ssd(
     )
     if D is not None:
         y = y.float() + D.float()[:, None] * x.float()
-    exported = states_at_exports_fused(
-        h,
-        k,
-        v,
-        g_cum,
-        cu,
-        prepare_chunk_offsets(cu, FLA_CHUNK),
-        export_token_ids,
-        FLA_CHUNK,
-        state_pool.dtype,
-        v_first=True,
+    exported = export_and_scatter(
+        h, k, v, g_cum, cu, export_token_ids, state_pool, state_indices, final, v_first=True
     )
-    scatter_states(state_pool, state_indices, final)
     return y.to(x.dtype), exported
 
 
