@@ -88,7 +88,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--state-cache-fraction",
         type=float,
         default=d.state_cache_fraction,
-        help="share of the cache budget for checkpoint slots when prefix caching is on",
+        help="a fixed share of the cache budget for checkpoint slots (default: the policy's own: flashstate "
+        "draws KV blocks and checkpoints from one shared budget, sglang holds back 0.25)",
     )
     g.add_argument(
         "--tensor-parallel-size",
@@ -164,6 +165,13 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
         type=float,
         default=d.prefix_cache_leaf_idle_seconds,
         help="a session frontier idle longer than this loses its protection",
+    )
+    g.add_argument(
+        "--mamba-checkpoint-placement",
+        choices=("asc", "aligned"),
+        default=d.mamba_checkpoint_placement,
+        help="flashstate policy: checkpoints at any position (asc) or only at vLLM's block boundaries "
+        "(aligned: the last one inside each prompt and the junction; for ablations)",
     )
     g.add_argument(
         "--mamba-block-size",

@@ -25,7 +25,9 @@ class EngineConfig:
     kv_cache_memory_bytes: int | None = None  # KV + state budget; default from gpu_memory_utilization
     gpu_memory_utilization: float = 0.9
     cpu_cache_memory_bytes: int = 512 << 20  # budget on CPU when kv_cache_memory_bytes is unset
-    state_cache_fraction: float = 0.25  # share of the budget for checkpoint slots (prefix caching on)
+    # Share of the budget held back for checkpoint slots (a fixed split). None: the policy's own — flashstate
+    # draws KV blocks and checkpoints from one byte budget, sglang splits 0.25 (SGLang's separate state pool).
+    state_cache_fraction: float | None = None
     enable_prefix_caching: bool = True
     # Prefix cache (DESIGN.md §2–3).
     cache_policy: str = "flashstate"  # flashstate | vllm | sglang | none
@@ -37,6 +39,8 @@ class EngineConfig:
     prefix_cache_leaf_last: bool = True  # protect recently active session frontiers
     prefix_cache_leaf_idle_seconds: float = 60.0
     mamba_block_size: int | None = None  # vllm policy: checkpoint block; None: derived like vLLM
+    # flashstate policy: asc (any position) | aligned (vLLM's block-aligned placement, for ablations)
+    mamba_checkpoint_placement: str = "asc"
     # Host tier (DESIGN.md §2.3): None (off) | memory (embedded store) | mooncake (mooncake_master store).
     host_cache: str | None = None
     host_cache_bytes: int | None = None  # host tier capacity (alone: turns the memory tier on); None: 4 GiB
@@ -90,6 +94,12 @@ class EngineConfig:
                 f"prefix_cache_eviction must be one of {', '.join(EVICTIONS)}, "
                 f"got {self.prefix_cache_eviction!r}"
             )
+        if self.mamba_checkpoint_placement not in ("asc", "aligned"):
+            raise ValueError(
+                f"mamba_checkpoint_placement must be asc or aligned, got {self.mamba_checkpoint_placement!r}"
+            )
+        if self.mamba_checkpoint_placement == "aligned" and self.cache_policy != "flashstate":
+            raise ValueError("mamba_checkpoint_placement aligned is for the flashstate policy")
         if self.cache_policy == "vllm" and self.prefix_cache_eviction == "gds":
             raise ValueError("the vllm policy evicts as vLLM does (LRU over its page pool): no gds")
         if self.prefill_cost_coefficients is not None and (
@@ -111,7 +121,7 @@ class EngineConfig:
             raise ValueError("host_cache needs tensor_parallel_size 1 (the host tier reads rank 0's pools)")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
-        if not 0 <= self.state_cache_fraction < 1:
+        if self.state_cache_fraction is not None and not 0 <= self.state_cache_fraction < 1:
             raise ValueError(f"state_cache_fraction must be in [0, 1), got {self.state_cache_fraction}")
 
     def _check_host_tier(self) -> None:

@@ -166,6 +166,13 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
         _replay_args(p)
         _cost_args(p)
         p.add_argument("--out", default=None, help="output directory (default: bench-results/<UTC time>)")
+    report = bsub.add_parser(
+        "report", help="one report (tables, compare.json, plots) over result files of separate runs"
+    )
+    report.add_argument("results", nargs="+", help="result-<label>.json files, or directories holding them")
+    report.add_argument("--reference", help="run the ratios are against (default: vllm, else the last)")
+    report.add_argument("--title", default="flashstate bench report")
+    report.add_argument("--out", required=True, help="output directory")
     stats = bsub.add_parser("stats", help="a trace set's statistics and the synthetic generator fitted to it")
     stats.add_argument("path", help="trace file or directory")
     stats.add_argument("--trace-format", default="auto", choices=["auto", "agentx", "mooncake"])

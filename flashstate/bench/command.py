@@ -22,7 +22,7 @@ from flashstate.bench.config import ReplayConfig
 from flashstate.bench.cost import Prices
 from flashstate.bench.prompts import auto_length_scale
 from flashstate.bench.replay import replay
-from flashstate.bench.report import build_result, markdown, write_report
+from flashstate.bench.report import RESULT_SCHEMA, build_result, markdown, write_report
 from flashstate.bench.synthetic_defaults import DEFAULT as SYNTHETIC_DEFAULT
 from flashstate.bench.workloads import Session, WorkloadError, load_workload, trace_format
 from flashstate.config import CACHE_POLICIES
@@ -186,6 +186,27 @@ def _variants(policies: str, specs: list[str]) -> list[Variant]:
     return out
 
 
+def _report(args: argparse.Namespace) -> int:
+    """Merge the result files of separate `bench compare`/`simulate` runs into one report."""
+    results: dict[str, dict[str, Any]] = {}
+    for given in map(Path, args.results):
+        files = sorted(given.glob("result-*.json")) if given.is_dir() else [given]
+        if not files:
+            raise ValueError(f"no result-*.json in {given}")
+        for f in files:
+            doc = json.loads(f.read_text())
+            if doc.get("schema") != RESULT_SCHEMA:
+                raise ValueError(f"{f} is not a flashstate bench result (schema {doc.get('schema')!r})")
+            if doc["label"] in results:
+                raise ValueError(f"two results are labelled {doc['label']!r}")
+            results[doc["label"]] = doc
+    names = list(results)
+    reference = args.reference or ("vllm" if "vllm" in names else names[-1])
+    if reference not in names:
+        raise ValueError(f"--reference {reference!r} is none of the results: {', '.join(names)}")
+    return _finish(results, Path(args.out), reference, args.title)
+
+
 def _stats(args: argparse.Namespace) -> int:
     sessions = load_workload(args.path, args.trace_format, args.trace_block_size, args.trace_limit)
     doc = {
@@ -209,6 +230,8 @@ def _plain(obj: Any) -> Any:
 def run_bench(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
     try:
+        if args.bench_command == "report":
+            return _report(args)
         return _stats(args) if args.bench_command == "stats" else _run(args)
     except (ValueError, OSError) as e:  # WorkloadError is a ValueError
         print(f"flashstate bench: error: {e}", file=sys.stderr)

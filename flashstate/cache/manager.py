@@ -20,6 +20,11 @@ With `pages` (the `vllm` policy), an emulation of vLLM's page pool (cache/vllm_p
 gives each request its hit depth and junction, refuses admission while it lacks free pages, and every
 state it loses is evicted from the tree; the tree keeps a checkpoint only while the pool holds that
 state, and no KV-only paths (the pool tracks vLLM's attention blocks).
+
+With `byte_budget` (the `flashstate` policy's shared budget), KV blocks in use and checkpoint slots (held
+or being exported) are charged against one number of bytes: whenever blocks or an export slot are wanted,
+or a new checkpoint is admitted, units are evicted by the policy's priority, whichever kind they are,
+until the charge fits. Working slots are reserved apart and not charged.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ class CacheManager:
         clock: Callable[[], float] = time.monotonic,
         host: HostTier | None = None,
         pages: VllmPagePool | None = None,
+        byte_budget: int | None = None,
     ):
         self.block_pool = block_pool
         self.state_pool = state_pool
@@ -61,6 +67,7 @@ class CacheManager:
         self.num_checkpoints = 0
         self.host = host
         self.pages = pages
+        self.byte_budget = byte_budget
         if pages is not None:
             pages.on_state_lost = self._drop_lost_state
 
@@ -166,20 +173,43 @@ class CacheManager:
         return True
 
     def make_room(self, num_blocks: int) -> bool:
-        """Evict cache units until `num_blocks` blocks are free; False if they cannot be."""
-        while self.block_pool.num_free < num_blocks:
-            victim = self._victim("kv") if self.enabled else None
+        """Evict cache units until `num_blocks` blocks are free (and, with a shared budget, chargeable);
+        False if they cannot be."""
+        while self.block_pool.num_free < num_blocks or not self._chargeable(num_blocks, 0):
+            kind = "kv" if self.byte_budget is None else "unit"
+            victim = self._victim(kind) if self.enabled else None
             if victim is None:
                 return False
             self._evict(victim, "capacity_kv")
         return True
+
+    @property
+    def charged_bytes(self) -> int:
+        """Bytes held against the shared budget: KV blocks in use, checkpoints and in-flight exports."""
+        blocks = self.block_pool.num_blocks - self.block_pool.num_free
+        slots = self.num_checkpoints + len(self._inflight)
+        return blocks * self.policy.bytes_per_block + slots * self.policy.bytes_per_slot
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks that can be had without evicting anything."""
+        free = self.block_pool.num_free
+        if self.byte_budget is None or not self.enabled:
+            return free
+        return min(free, (self.byte_budget - self.charged_bytes) // self.policy.bytes_per_block)
+
+    def _chargeable(self, blocks: int, slots: int) -> bool:
+        if self.byte_budget is None or not self.enabled:
+            return True
+        extra = blocks * self.policy.bytes_per_block + slots * self.policy.bytes_per_slot
+        return self.charged_bytes + extra <= self.byte_budget
 
     def exports(self, seq: Sequence, num_new_tokens: int) -> list[tuple[int, int]]:
         """(tokens into this chunk, destination slot) for planned checkpoints the chunk passes."""
         start, out = seq.num_computed_tokens, []
         for p in seq.export_plan:
             if start < p <= start + num_new_tokens:
-                slot = self._take_slot()
+                slot = self._take_slot(charged=True)
                 if slot is None:
                     break
                 self._inflight.add(slot)
@@ -268,8 +298,8 @@ class CacheManager:
         node.slot, node.frontier = slot, frontier
         self.num_checkpoints += 1
         self.policy.stamp(node, now)
-        while self.num_checkpoints > self.max_checkpoints:
-            victim = self._victim("state", exclude=node)
+        while self.num_checkpoints > self.max_checkpoints or not self._chargeable(0, 0):
+            victim = self._victim("state" if self.byte_budget is None else "unit", exclude=node)
             if victim is None or self._key(node, now) < self._key(victim, now):
                 self.stats.admissions_refused += 1
                 self._evict(node, "refused")
@@ -284,11 +314,15 @@ class CacheManager:
 
     def _victim(self, kind: str, exclude: Node | None = None) -> Node | None:
         """The unit to evict first: for "kv", among leaves (their chain's blocks go); for "state", among
-        checkpoints (their slot goes). Locked nodes never."""
+        checkpoints (their slot goes); for "unit", among both (what the shared budget frees either way).
+        Locked nodes never."""
         now = self._clock()
         best, best_key = None, None
         for node in self.tree.nodes():
-            wrong = not node.is_leaf if kind == "kv" else node.slot is None
+            if kind == "unit":
+                wrong = not node.is_leaf and node.slot is None
+            else:
+                wrong = not node.is_leaf if kind == "kv" else node.slot is None
             if wrong or node.lock or node is exclude:
                 continue
             key = self._key(node, now)
@@ -313,9 +347,11 @@ class CacheManager:
     def _take_blocks(self, n: int) -> list[int] | None:
         return self.block_pool.allocate(n) if self.make_room(n) else None
 
-    def _take_slot(self) -> int | None:
-        while self.state_pool.num_free == 0:
-            victim = self._victim("state") if self.enabled else None
+    def _take_slot(self, charged: bool = False) -> int | None:
+        """A free slot; `charged` (an export, which becomes a checkpoint) must also fit the shared budget."""
+        while self.state_pool.num_free == 0 or (charged and not self._chargeable(0, 1)):
+            kind = "unit" if charged and self.byte_budget is not None else "state"
+            victim = self._victim(kind) if self.enabled else None
             if victim is None:
                 return None
             self._evict(victim, "capacity_state")
@@ -371,6 +407,8 @@ class CacheManager:
             )
         self.block_pool.check_integrity(refs)
         self.state_pool.check_integrity(slots)
+        if self.byte_budget is not None and self.enabled and self.charged_bytes > self.byte_budget:
+            raise AssertionError(f"{self.charged_bytes} bytes charged against a budget of {self.byte_budget}")
         if self.pages is not None:
             self._check_pages(live)
 

@@ -12,6 +12,8 @@ from flashstate.config import EngineConfig
 from flashstate.engine.cache_tensors import kv_bytes_per_block, state_bytes_per_slot
 from flashstate.models.spec import ModelSpec
 
+SGLANG_STATE_FRACTION = 0.25  # SGLang sizes its state pool apart from the KV pool
+
 
 @dataclass(frozen=True, slots=True)
 class CachePlan:
@@ -27,6 +29,10 @@ class CachePlan:
     # vllm policy: pages of the emulated vLLM pool (cache/vllm_pages.py) the budget buys; the physical
     # blocks and slots above are then over-provisioned so that they never bind before the emulated pool.
     num_pages: int | None = None
+    # Shared budget: KV blocks in use plus checkpoint slots (held or being exported) are charged against
+    # these bytes, so the cache manager trades one for the other. Physically each pool could take the
+    # whole of it (blocks and slots over-provisioned; the charge binds first).
+    shared_bytes: int | None = None
 
     @property
     def kv_bytes(self) -> int:
@@ -36,18 +42,44 @@ class CachePlan:
     def state_bytes(self) -> int:
         return self.num_slots * self.bytes_per_slot
 
+    @property
+    def physical_bytes(self) -> int:
+        return self.kv_bytes + self.state_bytes
+
     def describe(self) -> str:
         mib = 1 << 20
+        checkpoints = self.num_slots - self.num_working_slots
+        if self.shared_bytes is not None:
+            return (
+                f"cache: {self.num_working_slots} working state slots "
+                f"({self.num_working_slots * self.bytes_per_slot / mib:.1f} MiB), then one shared budget of "
+                f"{self.shared_bytes / mib:.1f} MiB for KV blocks ({self.block_size} tokens, "
+                f"{self.bytes_per_block / mib:.2f} MiB each, up to {self.num_blocks}) and checkpoints "
+                f"({self.bytes_per_slot / mib:.2f} MiB each, up to {checkpoints})"
+            )
         return (
             f"KV cache: {self.num_blocks} blocks × {self.block_size} tokens "
             f"({self.num_blocks * self.block_size} tokens, {self.kv_bytes / mib:.1f} MiB); "
             f"state pool: {self.num_slots} slots ({self.num_working_slots} working, "
-            f"{self.num_slots - self.num_working_slots} checkpoints, {self.state_bytes / mib:.1f} MiB)"
+            f"{checkpoints} checkpoints, {self.state_bytes / mib:.1f} MiB)"
             + ("" if self.num_pages is None else f"; emulated vLLM pool: {self.num_pages} pages (binding)")
         )
 
 
-def plan_cache(spec: ModelSpec, config: EngineConfig, dtype: torch.dtype, budget_bytes: int) -> CachePlan:
+def plan_cache(
+    spec: ModelSpec, config: EngineConfig, dtype: torch.dtype, budget_bytes: int, physical_limit: bool = False
+) -> CachePlan:
+    """The plan whose accounted budget is `budget_bytes`; with `physical_limit` (the budget is the memory
+    the device has left), the largest plan whose over-provisioned pools still fit in it."""
+    accounted = budget_bytes
+    plan = _plan(spec, config, dtype, accounted)
+    while physical_limit and plan.physical_bytes > budget_bytes:
+        accounted = accounted * budget_bytes // plan.physical_bytes
+        plan = _plan(spec, config, dtype, accounted)
+    return plan
+
+
+def _plan(spec: ModelSpec, config: EngineConfig, dtype: torch.dtype, budget_bytes: int) -> CachePlan:
     block = max(kv_bytes_per_block(spec, config.block_size, dtype), 1)
     slot = max(state_bytes_per_slot(spec, dtype), 1)
     working = config.max_num_seqs
@@ -55,13 +87,24 @@ def plan_cache(spec: ModelSpec, config: EngineConfig, dtype: torch.dtype, budget
     if config.prefix_caching and config.cache_policy == "vllm" and hybrid:
         return _plan_vllm(spec, config, dtype, budget_bytes, block, slot)
     left = budget_bytes - working * slot
-    checkpoints = int(left * config.state_cache_fraction) // slot if config.enable_prefix_caching else 0
-    num_blocks = (left - checkpoints * slot) // block
-    if num_blocks < 1:
+    if left < block:
         raise ValueError(
             f"cache budget of {budget_bytes / (1 << 20):.1f} MiB cannot hold {working} working states "
             f"({slot} bytes each) plus one KV block ({block} bytes): raise kv_cache_memory_bytes "
             f"or lower max_num_seqs"
+        )
+    fraction = config.state_cache_fraction
+    if config.prefix_caching and fraction is None and config.cache_policy == "flashstate":
+        return CachePlan(left // block, config.block_size, working + left // slot, working, block, slot,
+                         shared_bytes=left)  # fmt: skip
+    if fraction is None:
+        fraction = SGLANG_STATE_FRACTION
+    checkpoints = int(left * fraction) // slot if config.prefix_caching else 0
+    num_blocks = (left - checkpoints * slot) // block
+    if num_blocks < 1:
+        raise ValueError(
+            f"a state_cache_fraction of {fraction} leaves no KV block in the cache budget of "
+            f"{budget_bytes / (1 << 20):.1f} MiB: lower it or raise kv_cache_memory_bytes"
         )
     return CachePlan(num_blocks, config.block_size, working + checkpoints, working, block, slot)
 

@@ -27,6 +27,8 @@ slot alone.
     every state it loses. It reproduces real vLLM's cached tokens and per-request block/state traces on
     all 35 requests of benchmarks/vllm_reference at ample memory and at 192/128/96/64/48 pages. Without
     a page pool (unit tests), the tree's own LRU over blocks stands in.
+`flashstate` with aligned placement (ablation): vLLM's placement above (states only at block multiples,
+    no frontier, no KV-only paths) under the flashstate policy's eviction and budget.
 `sglang` — SGLang's MambaRadixCache: a state at the end of each inserted sequence (prompt + computed
     output at request end); a split node keeps no state (a tombstone that still serves KV); states and
     KV leaves are evicted least recently used first; a state-less leaf is removed at once.
@@ -162,6 +164,10 @@ def build_policy(
     block_bytes = kv_bytes_per_block(spec, config.block_size, dtype)
     slot_bytes = state_bytes_per_slot(spec, dtype)
     common = dict(cost=cost, bytes_per_block=block_bytes, bytes_per_slot=slot_bytes)
+    if config.cache_policy == "flashstate" and config.mamba_checkpoint_placement == "aligned":
+        block = vllm_geometry(config, spec, dtype).block
+        eviction = config.prefix_cache_eviction or "gds"
+        return Policy("flashstate", eviction=eviction, checkpoint_block=block, **common)
     if config.cache_policy == "flashstate":
         return Policy(
             "flashstate",

@@ -101,7 +101,8 @@ class LLMEngine:
         self.tokenizer = Tokenizer.from_dir(config.tokenizer or model_dir)
         self.eos_token_ids = tuple(self.tokenizer.eos_token_ids) or self.spec.eos_token_ids
         self.max_model_len = config.max_model_len or self.spec.max_position_embeddings
-        self.plan: CachePlan = plan_cache(self.spec, config, self.dtype, self._cache_budget())
+        fit = config.kv_cache_memory_bytes is None and self.device.type == "cuda"  # the budget is free memory
+        self.plan: CachePlan = plan_cache(self.spec, config, self.dtype, self._cache_budget(), fit)
         caches = CacheTensors.allocate(
             self.spec, self.plan.num_blocks, config.block_size, self.plan.num_slots, self.dtype, self.device
         )
@@ -118,6 +119,7 @@ class LLMEngine:
             copy_block=caches.copy_block,
             host=self.host,
             pages=vllm_page_pool(self.plan, config, self.spec, self.dtype),
+            byte_budget=self.plan.shared_bytes,
         )
         self.scheduler = Scheduler(
             self.cache, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len

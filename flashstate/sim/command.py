@@ -12,11 +12,19 @@ from pathlib import Path
 from typing import Any
 
 from flashstate.args import add_cache_args, add_engine_args, config_from_args
-from flashstate.bench.command import _finish, _make_workload, _out_dir, _prices, _replay_config, _scale
+from flashstate.bench.command import (
+    _finish,
+    _make_workload,
+    _out_dir,
+    _prices,
+    _replay_config,
+    _scale,
+    _variants,
+)
 from flashstate.bench.config import ReplayConfig
 from flashstate.bench.replay import SessionSource
 from flashstate.bench.report import build_result
-from flashstate.config import CACHE_POLICIES, EngineConfig
+from flashstate.config import EngineConfig
 from flashstate.sim.engine import SimEngine, model_spec
 from flashstate.sim.events import EventLoop
 from flashstate.sim.profile import Profile, load_profile
@@ -86,28 +94,30 @@ def _stats(engine: SimEngine) -> dict[str, Any]:
 
 def _run(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    bad = [p for p in policies if p not in CACHE_POLICIES]
-    if bad or not policies:
-        raise ValueError(f"--policies: unknown {bad}; choose from {', '.join(CACHE_POLICIES)}")
-    reference = args.reference or ("vllm" if "vllm" in policies else policies[-1])
+    variants = _variants(args.policies, args.variant or [])
+    names = [v.name for v in variants]
+    reference = args.reference or ("vllm" if "vllm" in names else names[-1])
+    if reference not in names:
+        raise ValueError(f"--reference {reference!r} is none of the compared runs: {', '.join(names)}")
     workload, info, sample = _make_workload(args)
     scale = _scale(args, sample, None)
     replay = replace(_replay_config(args, scale, f"sim://{profile.name}"), progress=False)
     serve_args = shlex.split(args.serve_args)
-    configs = {p: engine_config(profile, serve_args, p) for p in policies}  # every bad flag before any run
+    # every bad flag before any run
+    configs = {v.name: engine_config(profile, [*serve_args, *v.serve_args], v.policy) for v in variants}
     results = {}
-    for policy in policies:
-        print(f"== {policy}: simulating on {profile.name}", file=sys.stderr)
-        run, facts = simulate(profile, configs[policy], replay, workload(), args.model)
+    for v in variants:
+        print(f"== {v.name}: simulating on {profile.name}", file=sys.stderr)
+        run, facts = simulate(profile, configs[v.name], replay, workload(), args.model)
         server = {
             "command": ["flashstate", "simulate", *sys.argv[2:]] if sys.argv[1:2] == ["simulate"] else None,
-            "cache_policy": policy,
+            "cache_policy": v.policy,
+            "serve_args": list(v.serve_args),
             "simulated": facts,
         }
-        results[policy] = build_result(run, policy, info, scale, _prices(args), server)
-        print(f"== {policy}: {facts['cpu_s']:.1f} s CPU, {facts['engine_steps']} steps", file=sys.stderr)
-    title = f"flashstate simulate ({profile.name}): {', '.join(policies)}"
+        results[v.name] = build_result(run, v.name, info, scale, _prices(args), server)
+        print(f"== {v.name}: {facts['cpu_s']:.1f} s CPU, {facts['engine_steps']} steps", file=sys.stderr)
+    title = f"flashstate simulate ({profile.name}): {', '.join(names)}"
     return _finish(results, Path(_out_dir(args)), reference, title)
 
 

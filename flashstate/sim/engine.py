@@ -87,6 +87,7 @@ class SimEngine:
             copy_block=lambda src, dst: None,
             clock=clock,
             pages=vllm_page_pool(self.plan, config, spec, torch_dtype),
+            byte_budget=self.plan.shared_bytes,
         )
         self.max_model_len = config.max_model_len or spec.max_position_embeddings
         self.scheduler = Scheduler(
@@ -165,7 +166,7 @@ class SimEngine:
             return None
         pool = self.cache.block_pool
         need = sum(max(pool.blocks_for(s.num_computed_tokens + k) - len(s.block_table), 0) for s in running)
-        if need > pool.num_free:
+        if need > self.cache.num_free_blocks:
             return None
         for seq in running:
             self.cache.allocate(seq, k)

@@ -4,6 +4,7 @@ ownership invariants hold, and every hit restores a prefix that really was check
 
 import random
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -33,6 +34,7 @@ def _policy(name: str) -> Policy | None:
             leaf_idle_seconds=3.0,
             **common,
         ),
+        "flashstate-shared": lambda: _policy("flashstate"),
         "flashstate-lru": lambda: Policy(
             "flashstate", eviction="lru", frontier=True, prefill_export=True, **common
         ),
@@ -50,14 +52,18 @@ class CacheMachine(RuleBasedStateMachine):
         self.now = 0.0
         # vllm: an emulated vLLM pool (2 state groups + attention, pages of 8 tokens) decides hits.
         pages = VllmPagePool(24, 8, num_state_groups=2, max_chunk_tokens=16)
+        # flashstate-shared: 28 blocks' worth of bytes buys blocks and checkpoints (a slot costs 4 blocks);
+        # either physical pool could take the whole of it, so only the charge binds.
+        shared = self.policy_name == "flashstate-shared"
         self.cache = CacheManager(
             BlockPool(28, BLOCK),
-            StatePool(10),
+            StatePool(14 if shared else 10),
             _policy(self.policy_name),
-            max_checkpoints=6,
+            max_checkpoints=7 if shared else 6,
             copy_block=lambda src, dst: None,
             clock=lambda: self.now,
             pages=pages if self.policy_name == "vllm" else None,
+            byte_budget=28 * 64 if shared else None,
         )
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
@@ -175,17 +181,21 @@ def _case(name: str):
 
 
 TestFlashstate = _case("flashstate")
+TestFlashstateShared = _case("flashstate-shared")
 TestFlashstateLRU = _case("flashstate-lru")
 TestVllm = _case("vllm")
 TestSglang = _case("sglang")
 TestNone = _case("none")
 
 
-def test_the_machine_reaches_hits_evictions_and_exports():
+@pytest.mark.parametrize("name", ["flashstate", "flashstate-shared"])
+def test_the_machine_reaches_hits_evictions_and_exports(name):
     """Guard against a vacuous machine: a seeded random walk over the same rules sees hits, evictions of
-    both kinds, refusals and exports."""
+    both kinds, refusals and exports (with the shared budget: the charge reaches the budget, and blocks
+    and checkpoints take turns holding it)."""
     rng = random.Random(0)
-    machine = CacheMachine()
+    machine = type(f"Machine_{name}_walk", (CacheMachine,), {"policy_name": name})()
+    most_checkpoints, most_blocks = 0, 0
     for _ in range(3000):
         action = rng.choice(["new", "new", "admit", "step", "step", "step", "finish", "pressure", "time"])
         if action == "new":
@@ -201,6 +211,13 @@ def test_the_machine_reaches_hits_evictions_and_exports():
         elif action == "time":
             machine.time_passes(rng.uniform(0.1, 5.0))
         machine.integrity()
+        pool = machine.cache.block_pool
+        most_checkpoints = max(most_checkpoints, machine.cache.num_checkpoints)
+        most_blocks = max(most_blocks, pool.num_blocks - pool.num_free)
+    if name == "flashstate-shared":
+        # 7 checkpoints, or 28 blocks, would fill the budget alone: at times checkpoints hold 20 blocks'
+        # worth of it, at other times KV holds 24 blocks
+        assert most_checkpoints >= 5 and most_blocks >= 24, (most_checkpoints, most_blocks)
     s = machine.cache.stats
     assert s.hits > 20 and s.evictions["capacity_kv"] > 5 and s.evictions["capacity_state"] > 5, s
     assert s.admissions_refused > 0 and machine.num_exports > 20

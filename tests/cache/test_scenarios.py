@@ -37,6 +37,23 @@ def test_turn_ending_mid_block_is_a_full_hit_for_flashstate_and_aligned_for_vllm
     assert cached["none"] == 0
 
 
+def test_aligned_placement_hits_where_vllm_does(tiny_model_dir):
+    """The ablation's placement: the flashstate policy restricted to vLLM's block-aligned checkpoints."""
+    rng = random.Random(0)
+    first = [rng.randrange(2000) for _ in range(300)]
+    llm = LLM(
+        tiny_model_dir,
+        mamba_checkpoint_placement="aligned",
+        block_size=16,
+        mamba_block_size=64,
+        prefill_cost_coefficients=(1e-5, 1e-8),
+    )
+    out = llm.generate(first, PARAMS)[0]
+    second = llm.generate(first + out.token_ids + [5, 6, 7], PARAMS)[0]
+    assert second.num_cached_tokens == 256
+    llm.engine.check_integrity()
+
+
 def test_prompt_sharing_part_of_an_earlier_prompt(tiny_model_dir):
     """vLLM hits nothing when the shared part ends between its checkpoints; flashstate's branch-point
     export lets the third request resume exactly where the two diverged."""
@@ -140,3 +157,31 @@ def test_protected_frontier_survives_until_its_idle_time_passes():
     now[0] = 200.0  # idle past the protection window: now it is the cheapest unit
     valuable()
     assert cache.tree.match(cheap + [0]).depth == 0
+
+
+def _ten_short_sessions(shared: bool) -> int:
+    """Ten 40-token sessions (3 blocks + a checkpoint each: 108 kB) in a 1.2 MB budget; returns how many
+    the cache still holds at the end."""
+    policy = Policy(
+        "flashstate", cost=PrefillCost(1e-5, 1e-7), bytes_per_block=16_000, bytes_per_slot=60_000,
+        eviction="gds", frontier=True,
+    )  # fmt: skip
+    budget = 1_200_000
+    if shared:  # either pool could take the whole budget: only the charge binds
+        blocks, slots, kw = budget // 16_000, budget // 60_000, {"byte_budget": budget}
+    else:  # the fixed 25% state share: 5 checkpoint slots, the rest KV blocks
+        blocks, slots, kw = budget * 3 // 4 // 16_000, 5, {}
+    cache = CacheManager(
+        BlockPool(blocks, 16), StatePool(1 + slots), policy, max_checkpoints=slots,
+        copy_block=lambda s, d: None, **kw,
+    )  # fmt: skip
+    rng = random.Random(3)
+    sessions = [[rng.randrange(1000) for _ in range(40)] for _ in range(10)]
+    for tokens in sessions:
+        _serve(cache, tokens)
+    return sum(cache.tree.match(tokens + [7]).depth == 40 for tokens in sessions)
+
+
+def test_a_shared_budget_gives_checkpoints_the_bytes_kv_does_not_need():
+    assert _ten_short_sessions(shared=True) == 10
+    assert _ten_short_sessions(shared=False) == 5

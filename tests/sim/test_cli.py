@@ -13,6 +13,8 @@ def test_simulate_writes_bench_results(tmp_path, capsys):
             "simulate",
             "--policies",
             "flashstate,vllm",
+            "--variant",
+            "aligned=flashstate --mamba-checkpoint-placement aligned",
             "--agents",
             "3",
             "--warmup",
@@ -36,11 +38,14 @@ def test_simulate_writes_bench_results(tmp_path, capsys):
         assert doc["server"]["cache_policy"] == policy
         sim = doc["server"]["simulated"]
         assert sim["profile"] == "h200-qwen3-next-2b" and "provisional" in sim["provenance"]
-        assert "2.0 GiB" in sim["cache_plan"] or "KV cache" in sim["cache_plan"]
+        assert "KV" in sim["cache_plan"] and "checkpoint" in sim["cache_plan"]
         assert doc["summary"]["requests"] > 0 and doc["requests"]
         results[policy] = doc
+    aligned = json.loads((out / "result-aligned.json").read_text())
+    assert aligned["server"]["cache_policy"] == "flashstate" and aligned["label"] == "aligned"
+    assert aligned["server"]["serve_args"] == ["--mamba-checkpoint-placement", "aligned"]
     compare = json.loads((out / "compare.json").read_text())
-    assert compare["reference"] == "vllm" and compare["policies"] == ["flashstate", "vllm"]
+    assert compare["reference"] == "vllm" and compare["policies"] == ["flashstate", "vllm", "aligned"]
     assert "| TTFT p90 (s) |" in markdown(results, "vllm")
     assert [p.name for p in plots(results, tmp_path / "again")] == [
         "hit_rate.png",
@@ -49,10 +54,24 @@ def test_simulate_writes_bench_results(tmp_path, capsys):
     ]
 
 
+    # results of separate runs merge into one report
+    merged = tmp_path / "merged"
+    argv = ["bench", "report", str(out / "result-vllm.json"), str(out / "result-aligned.json")]
+    assert main([*argv, "--reference", "aligned", "--out", str(merged)]) == 0
+    compare = json.loads((merged / "compare.json").read_text())
+    assert compare["reference"] == "aligned" and compare["policies"] == ["vllm", "aligned"]
+    assert "| token hit rate |" in (merged / "report.md").read_text()
+    capsys.readouterr()
+    assert main(["bench", "report", str(out), str(out / "result-vllm.json"), "--out", str(merged)]) == 2
+    assert "two results are labelled 'vllm'" in capsys.readouterr().err
+
+
 def test_bad_input_is_one_line(tmp_path, capsys):
     for argv, words in (
         (["--profile", str(tmp_path / "nope.json")], "no such file"),
-        (["--policies", "lru"], "--policies"),
+        (["--policies", "lru"], "unknown cache policy"),
+        (["--variant", "x=flashstate --max-num-seqs zero"], "--serve-args"),
+        (["--reference", "sglang"], "--reference"),
         (["--serve-args", "--max-num-seqs zero"], "--serve-args"),
         (["--workload", str(tmp_path / "missing")], "missing"),
     ):

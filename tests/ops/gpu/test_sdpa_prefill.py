@@ -11,10 +11,10 @@ from flashstate.ops.attention import naive, sdpa
 def test_sdpa_prefill_matches_the_oracle_on_cuda(dtype):
     g = torch.Generator(device="cuda").manual_seed(0)
     bs, hq, hkv, d = 16, 16, 2, 256
-    k_cache = torch.randn(64, bs, hkv, d, device="cuda", generator=g).to(dtype)
-    v_cache = torch.randn(64, bs, hkv, d, device="cuda", generator=g).to(dtype)
+    k_cache = torch.randn(120, bs, hkv, d, device="cuda", generator=g).to(dtype)
+    v_cache = torch.randn(120, bs, hkv, d, device="cuda", generator=g).to(dtype)
     spans = [(300, 300), (302, 543), (257, 601)]  # a fresh prompt, then chunks over cached prefixes
-    tables = torch.arange(3 * 20, device="cuda").reshape(3, 20)
+    tables = torch.arange(3 * 40, device="cuda").reshape(3, 40)  # 40 blocks cover 601 tokens
     cu = torch.tensor([0, 300, 602, 859], device="cuda")
     q = torch.randn(859, hq, d, device="cuda", generator=g).to(dtype)
     ctx = torch.tensor([c for _, c in spans], device="cuda")

@@ -1,0 +1,127 @@
+"""Engine step times under a serving load (issue 10's diagnosis): b sequences decoding at a long context,
+alone (CUDA graphs) and with a prefill chunk in the same step (eager), for a few token budgets.
+
+    PYTHONPATH=. python benchmarks/gpu/mixed_step.py [--preset qwen3-next-2b] [--batch 48]
+
+Prints one table last and writes $OUT/mixed_step.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from engine_setup import make_llm, prompt  # noqa: E402
+
+from flashstate import SamplingParams  # noqa: E402
+from flashstate.models.presets import preset_dir  # noqa: E402
+
+
+def timed_step(engine) -> tuple[float, int, int]:
+    """(seconds, prefill tokens, decoding sequences) of one engine step."""
+    seen: list[int] = []
+    run = engine.runner.run
+
+    def spy(batch):
+        seen.extend(batch.num_tokens)
+        return run(batch)
+
+    engine.runner.run = spy
+    sync()
+    start = time.perf_counter()
+    engine.step()
+    sync()
+    engine.runner.run = run
+    return time.perf_counter() - start, sum(n for n in seen if n > 1), sum(n == 1 for n in seen)
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def run(model_dir: Path, batch: int, context: int, budget: int, chunk: int, device: str) -> dict:
+    kw = {} if device == "cuda" else dict(device=device, dtype="float32", kv_cache_memory_bytes=1 << 30)
+    llm = make_llm(model_dir, max_num_seqs=batch + 2, max_num_batched_tokens=budget, **kw)
+    engine = llm.engine
+    long = SamplingParams(max_tokens=4096, temperature=0, ignore_eos=True)
+    shared = prompt(context, seed=1)
+    llm.generate([shared], SamplingParams(max_tokens=1, temperature=0))  # cache the shared prefix
+    for i in range(batch):
+        engine.add_request(shared + prompt(8, seed=100 + i), long)
+    while any(s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running) or (
+        engine.scheduler.waiting
+    ):
+        engine.step()
+    for _ in range(3):
+        engine.step()
+    decode = [timed_step(engine)[0] for _ in range(10)]
+    rows = {"budget": budget, "batch": batch, "context": context, "decode_ms": 1e3 * min(decode)}
+    for label, ids in (
+        ("fresh", prompt(chunk, seed=7)),
+        ("over_prefix", shared + prompt(chunk, seed=8)),
+    ):
+        engine.add_request(ids, SamplingParams(max_tokens=1, temperature=0))
+        steps = []
+        while engine.scheduler.waiting or any(
+            s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running
+        ):
+            steps.append(timed_step(engine))
+        mixed = [s for s in steps if s[1] > 0]
+        rows[f"{label}_steps"] = [(round(1e3 * t, 2), p, d) for t, p, d in mixed]
+        rows[f"{label}_prefill_tok_s"] = sum(p for _, p, _ in mixed) / max(sum(t for t, _, _ in mixed), 1e-9)
+    alone = make_alone(llm, chunk)
+    rows["prefill_alone_ms"] = alone
+    for req in list(engine.requests):
+        engine.abort(req)
+    del llm
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return rows
+
+
+def make_alone(llm, chunk: int) -> float:
+    """The same chunk, fresh, with nothing else running (a second LLM would double the memory: reuse)."""
+    engine = llm.engine
+    for req in list(engine.requests):
+        engine.abort(req)
+    engine.add_request(prompt(chunk, seed=9), SamplingParams(max_tokens=1, temperature=0))
+    seconds, _, _ = timed_step(engine)
+    while engine.requests:
+        engine.step()
+    return 1e3 * seconds
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--preset", default="qwen3-next-2b")
+    p.add_argument("--batch", type=int, default=48)
+    p.add_argument("--context", type=int, default=16384)
+    p.add_argument("--budgets", default="8192,32768")
+    p.add_argument("--device", default="cuda")
+    args = p.parse_args()
+    model_dir = preset_dir(args.preset)
+    budgets = [int(b) for b in args.budgets.split(",")]
+    rows = [run(model_dir, args.batch, args.context, b, b - args.batch, args.device) for b in budgets]
+    out = Path(os.environ.get("OUT", "."))
+    (out / "mixed_step.json").write_text(json.dumps(rows, indent=1))
+    print("| budget | decode step | fresh chunk: steps (ms, prefill tokens, decodes) | prefill tok/s "
+          "| over the prefix: tok/s | chunk alone |")  # fmt: skip
+    for r in rows:
+        print(
+            f"| {r['budget']} | {r['decode_ms']:.1f} ms | {r['fresh_steps'][:3]} "
+            f"| {r['fresh_prefill_tok_s']:.0f} | {r['over_prefix_prefill_tok_s']:.0f} "
+            f"| {r['prefill_alone_ms']:.1f} ms |"
+        )
+
+
+if __name__ == "__main__":
+    main()

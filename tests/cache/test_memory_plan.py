@@ -1,0 +1,53 @@
+from pathlib import Path
+
+import pytest
+import torch
+
+from flashstate.cache.memory_plan import plan_cache
+from flashstate.config import EngineConfig
+from flashstate.models.spec import ModelSpec
+
+BUDGET = 256 << 20
+
+
+@pytest.fixture(scope="module")
+def spec(tiny_model_dir) -> ModelSpec:
+    return ModelSpec.from_hf(Path(tiny_model_dir) / "config.json")
+
+
+def _plan(spec, budget=BUDGET, physical_limit=False, **kw):
+    return plan_cache(spec, EngineConfig(max_num_seqs=4, **kw), torch.float32, budget, physical_limit)
+
+
+def test_flashstate_shares_one_budget_between_blocks_and_checkpoints(spec):
+    plan = _plan(spec)
+    working = 4 * plan.bytes_per_slot
+    assert plan.shared_bytes == BUDGET - working
+    # either pool alone could take the whole shared budget
+    assert plan.num_blocks == plan.shared_bytes // plan.bytes_per_block
+    assert plan.num_slots - plan.num_working_slots == plan.shared_bytes // plan.bytes_per_slot
+    assert "shared budget" in plan.describe()
+
+
+def test_sglang_and_an_explicit_fraction_split_the_budget(spec):
+    for plan, fraction in (
+        (_plan(spec, cache_policy="sglang"), 0.25),
+        (_plan(spec, state_cache_fraction=0.5), 0.5),
+    ):
+        assert plan.shared_bytes is None
+        left = BUDGET - 4 * plan.bytes_per_slot
+        assert plan.num_slots - 4 == int(left * fraction) // plan.bytes_per_slot
+        assert plan.physical_bytes <= BUDGET
+
+
+def test_no_prefix_caching_keeps_no_checkpoint_slots(spec):
+    plan = _plan(spec, cache_policy="none")
+    assert plan.num_slots == 4 and plan.shared_bytes is None
+
+
+@pytest.mark.parametrize("policy", ["flashstate", "vllm"])
+def test_a_physical_limit_shrinks_the_over_provisioned_plans_to_fit(spec, policy):
+    loose = _plan(spec, cache_policy=policy)
+    assert loose.physical_bytes > BUDGET  # over-provisioned: the accounting binds, not the pools
+    tight = _plan(spec, cache_policy=policy, physical_limit=True)
+    assert tight.physical_bytes <= BUDGET < 2 * tight.physical_bytes

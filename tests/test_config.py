@@ -1,0 +1,23 @@
+import pytest
+
+from flashstate.config import EngineConfig
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"state_cache_fraction": 1.0}, "state_cache_fraction must be in"),
+        ({"state_cache_fraction": -0.1}, "state_cache_fraction must be in"),
+        ({"mamba_checkpoint_placement": "block"}, "must be asc or aligned"),
+        ({"mamba_checkpoint_placement": "aligned", "cache_policy": "sglang"}, "for the flashstate policy"),
+        ({"cache_policy": "vllm", "prefix_cache_eviction": "gds"}, "no gds"),
+    ],
+)
+def test_bad_cache_settings_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(**kwargs)
+
+
+def test_the_policy_defaults_validate():
+    assert EngineConfig().state_cache_fraction is None
+    assert EngineConfig(mamba_checkpoint_placement="aligned").mamba_checkpoint_placement == "aligned"
