@@ -71,7 +71,8 @@ def check_exactness(presets: list[str], tp: int, device: str, turn_tokens: int) 
         result = {}
         for n in (1, tp):
             kw = {"dtype": "float32", "block_size": 16, "max_num_batched_tokens": 64, "max_model_len": 4096}
-            llm = _engine(preset, n, device, kv_cache_memory_bytes=1 << 30, **kw)
+            # 8 sequences at most: a ~2B preset's fp32 states are ~40 MB each
+            llm = _engine(preset, n, device, kv_cache_memory_bytes=4 << 30, max_num_seqs=8, **kw)
             start = time.perf_counter()
             result[n] = (
                 *_workload(llm, seed=len(preset), turn_tokens=turn_tokens),
@@ -84,6 +85,11 @@ def check_exactness(presets: list[str], tp: int, device: str, turn_tokens: int) 
             {
                 "preset": preset,
                 "tokens_equal": tokens_1 == tokens_n,
+                # per request: the first step whose token differs (None: equal)
+                "first_difference": [
+                    next((i for i, (a, b) in enumerate(zip(x, y, strict=True)) if a != b), None)
+                    for x, y in zip(tokens_1, tokens_n, strict=True)
+                ],
                 "cached_tp1": cached_1,
                 f"cached_tp{tp}": cached_n,
                 "mid_block_hit": any(c % 16 for c in cached_n),

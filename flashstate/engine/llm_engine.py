@@ -110,26 +110,18 @@ class LLMEngine:
             caches = self.tp.start(self.model, caches, self.plan.num_blocks, self.plan.num_slots)
             self.model = self.tp.model
         self.cost = self._prefill_cost(caches)
-        self.host = build_host_tier(config, self.model, caches, self.cost)
-        self.cache = CacheManager(
-            BlockPool(self.plan.num_blocks, config.block_size),
-            StatePool(self.plan.num_slots, caches.copy_slot),
-            build_policy(config, self.spec, self.dtype, self.cost),
-            max_checkpoints=self.plan.num_slots - self.plan.num_working_slots,
-            copy_block=caches.copy_block,
-            host=self.host,
-            pages=vllm_page_pool(self.plan, config, self.spec, self.dtype),
-            byte_budget=self.plan.shared_bytes,
-        )
-        self.scheduler = Scheduler(
-            self.cache, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len
-        )
         self.runner = ModelRunner(self.model, caches, config.block_size, self.device)
         # Decode graphs stay single-rank for now: a worker would have to capture and replay the same graphs.
         if not config.enforce_eager and self.tp is None:
             self.runner.capture_graphs(config.max_num_seqs, -(-self.max_model_len // config.block_size))
         self.requests: dict[str, _Request] = {}
         self._ids = itertools.count()
+        self.host = None
+        if self.device.type == "cuda":
+            self._new_cache()
+            self._warm_up()
+        self.host = build_host_tier(config, self.model, caches, self.cost)
+        self._new_cache()
         if self.host is not None:
             logger.info(
                 "host tier: %s store, %.1f MiB, %d-token chunks",
@@ -138,6 +130,34 @@ class LLMEngine:
                 self.host.layout.chunk_tokens,
             )
 
+    def _new_cache(self) -> None:
+        """A fresh prefix cache (empty tree, free pools, zero counters) and scheduler over the runner's
+        cache tensors."""
+        c, caches = self.config, self.runner.caches
+        self.cache = CacheManager(
+            BlockPool(self.plan.num_blocks, c.block_size),
+            StatePool(self.plan.num_slots, caches.copy_slot),
+            build_policy(c, self.spec, self.dtype, self.cost),
+            max_checkpoints=self.plan.num_slots - self.plan.num_working_slots,
+            copy_block=caches.copy_block,
+            host=self.host,
+            pages=vllm_page_pool(self.plan, c, self.spec, self.dtype),
+            byte_budget=self.plan.shared_bytes,
+        )
+        self.scheduler = Scheduler(self.cache, c.max_num_seqs, c.max_num_batched_tokens, self.max_model_len)
+
+    def _warm_up(self) -> None:
+        """Compile the GPU kernels of every serving path (a fresh prefill, a prefill over a cached prefix
+        exporting a state, mixed and decode steps) before the first request; the caller then starts a
+        fresh cache, so nothing of this is served or counted."""
+        n = min(1024, self.config.max_num_batched_tokens, self.max_model_len // 2)
+        first = [(7 * i) % (self.spec.vocab_size - 1) + 1 for i in range(n)]
+        params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+        for ids, marks in ((first, [n // 2]), (first + first[: n // 2], [n + n // 4])):
+            self.add_request(ids, params, checkpoint_positions=marks)
+            self.add_request(first[: n // 3], params)  # a second sequence: mixed steps
+            while self.has_unfinished():
+                self.step()
     def _prefill_cost(self, caches: CacheTensors) -> PrefillCost:
         """C(n) from the flag, else (when GDS needs it) the cached or a fresh calibration."""
         c = self.config
