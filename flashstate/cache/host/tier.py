@@ -6,9 +6,13 @@ background thread, restore on a GPU-cache miss, and running without the store wh
                                               objects and hands them to the writer thread (checksum,
                                               put); the request never waits for the store
     lookup(tokens, limit) → HostHit | None    the deepest state the store holds on the prompt's path
-    fetch(hit) → objects | None               reads and verifies every object (a missing or corrupt one
-                                              is a miss, and the state leaves the index)
-    load(objects, blocks, slot)               host → device copies into blocks and a state slot
+    start_restore(hit, first_chunk, …)        fetch (below) on the fetch thread; a HostRestore
+                                              (restore.py) the engine polls while it keeps stepping
+    fetch(hit, first_chunk) → objects | None  reads and verifies the objects from chunk first_chunk on
+                                              (a missing or corrupt one is a miss: the state leaves the
+                                              index)
+    load(hit, objects, blocks, slot, …)       host → device copies into blocks and a state slot (CUDA: on
+                                              a side stream; returns the event after them)
 
 Index: a state at depth p references the chunk objects 1..floor(p / C) (shared between states, ref
 counted) and its own state object; `used` = bytes of every object indexed, ≤ capacity. A state is
@@ -28,7 +32,7 @@ import os
 import queue
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +40,7 @@ import torch
 from flashstate.cache.cost import PrefillCost
 from flashstate.cache.host.codec import ObjectBuilder, decode, object_size
 from flashstate.cache.host.layout import HostLayout
+from flashstate.cache.host.restore import HostRestore
 from flashstate.cache.host.store import HostStore, StoreUnavailableError
 from flashstate.cache.host.transfer import StateTransfer
 
@@ -59,6 +64,7 @@ class HostTierStats:
     lookups: int = 0
     restores: int = 0
     restored_tokens: int = 0
+    shared_tokens: int = 0  # of restored_tokens: KV the GPU cache still held (shared, not copied)
     misses_dropped: int = 0  # the store no longer held an object
     misses_corrupt: int = 0  # checksum, header or key mismatch
     evictions: int = 0
@@ -135,6 +141,8 @@ class HostTier:
         self._queue: queue.Queue[_Write | _Remove | None] = queue.Queue()
         self._writer = threading.Thread(target=self._run, name="flashstate-host-writer", daemon=True)
         self._writer.start()
+        self._fetcher = ThreadPoolExecutor(2, thread_name_prefix="flashstate-host-fetch")
+        self._fetches: set[Future] = set()
 
     @property
     def num_states(self) -> int:
@@ -254,10 +262,29 @@ class HostTier:
                     return HostHit(best.key, best.depth, list(best.chunks))
         return None
 
-    def fetch(self, hit: HostHit) -> list[list[torch.Tensor]] | None:
-        """Every object of `hit` read and verified (chunks in order, the state object last), or None.
-        Checksums run on a thread pool (zlib releases the GIL): verifying is CPU-bound at ~1 GB/s/core."""
-        keys = [*hit.chunks, hit.key]
+    def start_restore(
+        self, hit: HostHit, first_chunk: int, kv_depth: int, blocks: list[int], slot: int
+    ) -> HostRestore:
+        """Fetch `hit` from chunk `first_chunk` on in the background; the restore copies into `blocks`
+        (the whole table: ceil(depth / B) blocks) and `slot` once the engine polls it ready."""
+        future = self._fetcher.submit(self._fetch_in_background, hit, first_chunk)
+        self._fetches.add(future)
+        future.add_done_callback(self._fetches.discard)
+        return HostRestore(self, hit, first_chunk, kv_depth, blocks, slot, future)
+
+    def _fetch_in_background(self, hit: HostHit, first_chunk: int) -> list[list[torch.Tensor]] | None:
+        try:
+            return self.fetch(hit, first_chunk)
+        except Exception:  # a failed fetch is a miss, never a failed request
+            logger.exception("host tier: fetch failed")
+            return None
+
+    def fetch(self, hit: HostHit, first_chunk: int = 0) -> list[list[torch.Tensor]] | None:
+        """The objects of `hit` from chunk `first_chunk` on, read and verified (chunks in order, the state
+        object last), or None. Checksums run on a thread pool (zlib releases the GIL)."""
+        keys = [*hit.chunks[first_chunk:], hit.key]
+        if not self.available:
+            return None
         try:
             buffers = [self.store.get(key) for key in keys]
         except StoreUnavailableError as e:
@@ -281,21 +308,34 @@ class HostTier:
             objects.append(tensors)
         return objects
 
-    def load(self, hit: HostHit, objects: list[list[torch.Tensor]], blocks: list[int], slot: int) -> None:
-        """Copy a fetched state into `blocks` (ceil(depth / B) of them) and state slot `slot`."""
+    def load(
+        self,
+        hit: HostHit,
+        objects: list[list[torch.Tensor]],
+        blocks: list[int],
+        slot: int,
+        first_chunk: int = 0,
+    ) -> torch.cuda.Event | None:
+        """Copy a fetched state (chunks first_chunk.., then the state object) into `blocks` (the whole
+        table: ceil(depth / B) blocks; those of chunks < first_chunk already hold their KV) and `slot`.
+        On CUDA the copies run on a side stream: the returned event marks when they have landed."""
         c, b = self.layout.chunk_tokens, self.block_size
-        for i, tensors in enumerate(objects[:-1]):
-            self.transfer.scatter_kv(blocks[i * c // b : (i + 1) * c // b], tensors)
-        n = self.transfer.num_state_tensors()
-        state = objects[-1]
-        self.transfer.scatter_state(slot, state[:n])
-        self.transfer.scatter_kv(blocks[len(objects[:-1]) * c // b :], state[n:])
+        with self.transfer.side_stream():
+            for i, tensors in enumerate(objects[:-1], start=first_chunk):
+                self.transfer.scatter_kv(blocks[i * c // b : (i + 1) * c // b], tensors)
+            n = self.transfer.num_state_tensors()
+            state = objects[-1]
+            self.transfer.scatter_state(slot, state[:n])
+            self.transfer.scatter_kv(blocks[len(hit.chunks) * c // b :], state[n:])
+            event = self.transfer.event()
         with self._lock:
             s = self._states.get(hit.key)
             if s is not None:
                 s.priority = self._clock
         self.stats.restores += 1
         self.stats.restored_tokens += hit.depth
+        self.stats.shared_tokens += first_chunk * c
+        return event
 
     def _forget_object(self, key: str) -> None:
         """A chunk or state object is gone or bad: every state that needs it leaves the index."""
@@ -387,14 +427,16 @@ class HostTier:
     # ---- lifecycle ----------------------------------------------------------------------------------
 
     def flush(self, timeout: float | None = None) -> None:
-        """Wait until every staged write-back and removal has reached the store (tests, shutdown)."""
+        """Wait until every staged write-back and removal has reached the store and every fetch started
+        has finished (tests, benchmarks, shutdown)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self._queue.unfinished_tasks:
+        while self._queue.unfinished_tasks or self._fetches:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError("host tier writes still pending")
             time.sleep(0.001)
 
     def close(self) -> None:
+        self._fetcher.shutdown(wait=True, cancel_futures=True)
         self._queue.put(None)
         self._writer.join(timeout=10)
         self.store.close()

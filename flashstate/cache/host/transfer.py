@@ -4,10 +4,15 @@
     state object:  per linear layer     conv [*conv_state_shape], ssm [*state_shape]
                    per attention layer  k [t, kv_heads, head_dim], v [t, kv_heads, v_head_dim]  (the tail)
 Device → host copies are enqueued on the current stream (ordered before any later write into the same
-blocks or slot) and do not block the host; `event()` marks when they have landed.
+blocks or slot) and do not block the host; `event()` marks when they have landed. Host → device copies
+of a restore run inside `side_stream()` (CUDA: a stream of their own, after the work already enqueued on
+the current one), so they overlap the forward passes of other sequences.
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
@@ -23,6 +28,7 @@ class StateTransfer:
         self.block_size = block_size
         tensors = [t for pair in caches.kv + caches.states for t in pair]
         self.device = tensors[0].device if tensors else torch.device("cpu")
+        self._stream: torch.cuda.Stream | None = None
 
     def kv_specs(self, num_tokens: int) -> list[Spec]:
         return [(t.dtype, (num_tokens, *t.shape[2:])) for pair in self.caches.kv for t in pair]
@@ -50,6 +56,17 @@ class StateTransfer:
         caches = [t for pair in self.caches.states for t in pair]
         for cache, dst in zip(caches, out, strict=True):
             dst.copy_(cache[slot], non_blocking=True)
+
+    @contextlib.contextmanager
+    def side_stream(self) -> Iterator[None]:
+        if self.device.type != "cuda":
+            yield
+            return
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)
+        self._stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self._stream):
+            yield
 
     def event(self) -> torch.cuda.Event | None:
         if self.device.type != "cuda":
