@@ -20,9 +20,10 @@ restorable once its own object and every chunk it references are written (`ready
 Eviction is Greedy-Dual-Size over whole states, as on the GPU: H = L + C(p) / bytes, bytes = the state
 object plus the chunks only it references; L rises to the H of each evicted state; a hit re-stamps; a
 new state that would have to evict states of higher H is not written.
-Faults: StoreUnavailableError from any store call marks the tier unavailable (logged once per outage,
-counted), empties the index (what the store held is unknown from then on) and makes every call a no-op;
-the writer thread pings the store every `retry_seconds` and resumes when it answers.
+Faults: StoreUnavailableError from any store call (or from joining the store at start-up: build.py)
+marks the tier unavailable (logged once per outage, counted), empties the index (what the store held is
+unknown from then on) and makes every call a no-op (a fetch in flight is a miss); the writer thread pings
+the store every `retry_seconds` (joining it if it never did) and resumes when it answers.
 """
 
 from __future__ import annotations
@@ -288,7 +289,7 @@ class HostTier:
         try:
             buffers = [self.store.get(key) for key in keys]
         except StoreUnavailableError as e:
-            self._outage(e)
+            self.mark_unavailable(e)
             return None
         pairs = [(k, b) for k, b in zip(keys, buffers, strict=True) if b is not None]
         decoded = dict(
@@ -349,9 +350,11 @@ class HostTier:
     def _run(self) -> None:
         while True:
             try:
-                job = self._queue.get(timeout=self.retry_seconds if not self.available else None)
+                # Wakes every retry_seconds: an outage may be noticed on another thread (fetch, start-up).
+                job = self._queue.get(timeout=self.retry_seconds)
             except queue.Empty:
-                self._try_reconnect()
+                if not self.available:
+                    self._try_reconnect()
                 continue
             try:
                 if job is None:
@@ -362,7 +365,7 @@ class HostTier:
                 else:
                     self._write(job)
             except StoreUnavailableError as e:
-                self._outage(e)
+                self.mark_unavailable(e)
             except Exception:  # the writer must outlive any one bad job
                 logger.exception("host tier: write-back failed")
             finally:
@@ -397,7 +400,7 @@ class HostTier:
                         else:
                             self._queue.put(_Remove(obj.key))
 
-    def _outage(self, error: Exception) -> None:
+    def mark_unavailable(self, error: Exception) -> None:
         with self._lock:
             if not self.available:
                 return
