@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from flashstate.cache.cost import PrefillCost
-from flashstate.cache.host.codec import ObjectBuilder, decode, object_size
+from flashstate.cache.host.codec import ObjectBuilder, object_size, verify, views
 from flashstate.cache.host.layout import HostLayout
 from flashstate.cache.host.restore import HostRestore
 from flashstate.cache.host.store import HostStore, StoreUnavailableError
@@ -282,7 +282,7 @@ class HostTier:
 
     def fetch(self, hit: HostHit, first_chunk: int = 0) -> list[list[torch.Tensor]] | None:
         """The objects of `hit` from chunk `first_chunk` on, read and verified (chunks in order, the state
-        object last), or None. Checksums run on a thread pool (zlib releases the GIL)."""
+        object last), or None. Checksums run on a thread pool (zlib releases the GIL); views are made here."""
         keys = [*hit.chunks[first_chunk:], hit.key]
         if not self.available:
             return None
@@ -292,21 +292,21 @@ class HostTier:
             self.mark_unavailable(e)
             return None
         pairs = [(k, b) for k, b in zip(keys, buffers, strict=True) if b is not None]
-        decoded = dict(
-            zip([k for k, _ in pairs], _verify_pool().map(lambda kb: decode(*kb), pairs), strict=True)
+        verified = dict(
+            zip([k for k, _ in pairs], _verify_pool().map(lambda kb: verify(*kb), pairs), strict=True)
         )
         objects = []
-        for key in keys:
-            tensors = decoded.get(key)
-            if tensors is None:
+        for key, buffer in zip(keys, buffers, strict=True):
+            specs = verified.get(key)
+            if specs is None:
                 with self._lock:
-                    if key in decoded:
+                    if key in verified:
                         self.stats.misses_corrupt += 1
                     else:
                         self.stats.misses_dropped += 1
                     self._forget_object(key)
                 return None
-            objects.append(tensors)
+            objects.append(views(key, buffer, specs))
         return objects
 
     def load(
@@ -322,12 +322,10 @@ class HostTier:
         On CUDA the copies run on a side stream: the returned event marks when they have landed."""
         c, b = self.layout.chunk_tokens, self.block_size
         with self.transfer.side_stream():
-            for i, tensors in enumerate(objects[:-1], start=first_chunk):
-                self.transfer.scatter_kv(blocks[i * c // b : (i + 1) * c // b], tensors)
             n = self.transfer.num_state_tensors()
             state = objects[-1]
             self.transfer.scatter_state(slot, state[:n])
-            self.transfer.scatter_kv(blocks[len(hit.chunks) * c // b :], state[n:])
+            self.transfer.scatter_pieces(blocks[first_chunk * c // b :], [*objects[:-1], state[n:]])
             event = self.transfer.event()
         with self._lock:
             s = self._states.get(hit.key)

@@ -93,6 +93,46 @@ class StateTransfer:
             if n % b:
                 cache[blocks[full], : n % b].copy_(s[full * b :])
 
+    def scatter_pieces(
+        self, blocks: list[int], pieces: list[list[Tensor]], group_bytes: int = 256 << 20
+    ) -> None:
+        """Consecutive KV pieces (each in kv_specs order, n_i tokens; every piece but the last a whole
+        number of blocks) into `blocks` from position 0 on. Per group of pieces (about `group_bytes`): one
+        host → device copy per piece, then per layer one concatenation and one scatter."""
+        if not self.caches.kv:
+            return
+        b, start, group, size = self.block_size, 0, [], 0
+        for i, piece in enumerate(pieces):
+            group.append(piece)
+            size += sum(t.nbytes for t in piece)
+            if size >= group_bytes or i == len(pieces) - 1:
+                staged = [self._to_device(p) for p in group]
+                srcs = [torch.cat([p[j] for p in staged]) for j in range(len(staged[0]))]
+                self.scatter_kv(blocks[start // b :], srcs)
+                start += srcs[0].shape[0]
+                group, size = [], 0
+
+    def _to_device(self, tensors: list[Tensor]) -> list[Tensor]:
+        """Tensors that share one host buffer, on the device through one copy of the bytes they span."""
+        live = [t for t in tensors if t.numel()]
+        if len({t.untyped_storage().data_ptr() for t in live}) > 1:  # not one object's tensors
+            return [t.to(self.device, non_blocking=True) for t in tensors]
+        if not live:
+            return [torch.empty(t.shape, dtype=t.dtype, device=self.device) for t in tensors]
+        lo = min(t.storage_offset() * t.element_size() for t in live)
+        hi = max((t.storage_offset() + t.numel()) * t.element_size() for t in live)
+        host = torch.empty(0, dtype=torch.uint8).set_(live[0].untyped_storage())[lo:hi]
+        dev = torch.empty(hi - lo, dtype=torch.uint8, device=self.device)
+        dev.copy_(host, non_blocking=True)
+        out = []
+        for t in tensors:
+            if not t.numel():
+                out.append(torch.empty(t.shape, dtype=t.dtype, device=self.device))
+                continue
+            first = t.storage_offset() * t.element_size() - lo
+            out.append(dev[first : first + t.nbytes].view(t.dtype).view(t.shape))
+        return out
+
     def scatter_state(self, slot: int, src: list[Tensor]) -> None:
         caches = [t for pair in self.caches.states for t in pair]
         for cache, s in zip(caches, src, strict=True):
