@@ -242,7 +242,7 @@ class CacheManager:
         caller). KV the GPU tree still holds (whole chunks up to match.kv_depth) is shared; the later
         chunks and the state object are fetched in the background (`seq.restore`, polled by
         `poll_restore`). False (nothing changed) when there is none or no blocks can be had."""
-        hit = self.host.lookup(seq.token_ids, len(seq.token_ids) - 1)
+        hit = self.host.lookup(seq.token_ids, len(seq.token_ids) - 1, floor=match.depth)
         if hit is None or hit.depth <= match.depth:
             return False
         first = min(match.kv_depth, hit.depth) // self.host.layout.chunk_tokens

@@ -181,3 +181,28 @@ def test_only_the_kv_the_gpu_cache_lacks_is_restored(tiny_model_dir, plain, requ
     assert store.reads == 1  # the state object alone: the first chunk's KV was on the GPU
     engine.check_integrity()
     engine.close()
+
+
+def test_an_engine_restores_a_state_another_engine_wrote_to_a_shared_store(
+    tiny_model_dir, plain, mooncake_master
+):
+    extra = dict(host_cache="mooncake", host_cache_bytes=64 << 20, mooncake_master=mooncake_master.address)
+    writer, reader = LLM(tiny_model_dir, **ENGINE, **extra), LLM(tiny_model_dir, **ENGINE, **extra)
+    rng = random.Random(4)
+    vocab = writer.engine.spec.vocab_size
+    first = [_tokens(rng, n, vocab) for n in (300, 520)]  # the second state's tail is past a chunk end
+    outs = writer.generate(first, PARAMS)
+    writer.engine.host.flush()
+    resumed = [p + o.token_ids + _tokens(rng, 30, vocab) for p, o in zip(first, outs, strict=True)]
+    unknown = _tokens(rng, 300, vocab)
+
+    got = reader.generate([*resumed, unknown], PARAMS)
+    refs = plain.generate([*resumed, unknown], PARAMS)
+    assert [g.token_ids for g in got] == [r.token_ids for r in refs]
+    # The reader never wrote these states: it found the writer's, at their exact depths, in the store.
+    assert [g.num_cached_tokens for g in got] == [len(p) + PARAMS.max_tokens - 1 for p in first] + [0]
+    s = reader.engine.host.stats
+    assert s.remote_hits == 2 and s.restores == 2 and s.misses_dropped == s.misses_corrupt == 0
+    reader.engine.check_integrity()
+    writer.engine.close()
+    reader.engine.close()

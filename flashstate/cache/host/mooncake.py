@@ -61,6 +61,7 @@ def local_address(master: str) -> str:
 
 class MooncakeStore:
     name = "mooncake"
+    shared = True
 
     def __init__(self, master: str, capacity: int, local_buffer_bytes: int = 64 << 20, connect: bool = True):
         """Join the store (`connect`: now, raising StoreUnavailableError if the master cannot be reached;
@@ -118,6 +119,12 @@ class MooncakeStore:
         if rc < 0 and _unavailable(rc):
             raise StoreUnavailableError(f"Mooncake lookup failed with {rc} (master {self.master})")
         return rc == 1
+
+    def exists_many(self, keys: list[str]) -> list[bool]:
+        codes = self._joined.batch_is_exist(keys) if keys else []
+        if any(rc < 0 and _unavailable(rc) for rc in codes):
+            raise StoreUnavailableError(f"Mooncake lookup failed (master {self.master})")
+        return [rc == 1 for rc in codes]
 
     def remove(self, key: str) -> None:
         rc = self._joined.remove(key, True)

@@ -5,7 +5,8 @@ background thread, restore on a GPU-cache miss, and running without the store wh
                                               store lacks, enqueues device → host copies into staging
                                               objects and hands them to the writer thread (checksum,
                                               put); the request never waits for the store
-    lookup(tokens, limit) → HostHit | None    the deepest state the store holds on the prompt's path
+    lookup(tokens, limit, floor) → HostHit    the deepest state the store holds on the prompt's path (a
+                                              shared store: also states other engines wrote, by probing)
     start_restore(hit, first_chunk, …)        fetch (below) on the fetch thread; a HostRestore
                                               (restore.py) the engine polls while it keeps stepping
     fetch(hit, first_chunk) → objects | None  reads and verifies the objects from chunk first_chunk on
@@ -47,6 +48,7 @@ from flashstate.cache.host.transfer import StateTransfer
 
 logger = logging.getLogger("flashstate.host")
 _POOL: ThreadPoolExecutor | None = None
+PROBE_CHUNKS = 4  # a shared store is probed for states in this many chunks below the prompt's end
 
 
 def _verify_pool() -> ThreadPoolExecutor:
@@ -63,6 +65,7 @@ class HostTierStats:
     bytes_written: int = 0
     writes_skipped: int = 0  # write-backs dropped: no room, refused by the store, tier unavailable
     lookups: int = 0
+    remote_hits: int = 0  # lookups answered by a state another engine wrote (found in a shared store)
     restores: int = 0
     restored_tokens: int = 0
     shared_tokens: int = 0  # of restored_tokens: KV the GPU cache still held (shared, not copied)
@@ -241,13 +244,27 @@ class HostTier:
 
     # ---- restore (engine thread) --------------------------------------------------------------------
 
-    def lookup(self, tokens: list[int], limit: int) -> HostHit | None:
-        """The deepest restorable state at a depth <= limit on the path of `tokens`."""
-        if not self.available or not self._states:
+    def lookup(self, tokens: list[int], limit: int, floor: int = 0) -> HostHit | None:
+        """The deepest restorable state at a depth in (floor, limit] on the path of `tokens`: from this
+        tier's index, else (a shared store) one another engine wrote, found by probing the store."""
+        if not self.available:
             return None
         self.stats.lookups += 1
+        hashes = self.layout.chain(tokens, limit)
+        hit = self._lookup_index(tokens, limit, hashes) if self._states else None
+        if self.store.shared:
+            try:
+                remote = self._probe(tokens, limit, max(floor, hit.depth if hit else 0), hashes)
+            except StoreUnavailableError as e:
+                self.mark_unavailable(e)
+                return None
+            if remote is not None:
+                self.stats.remote_hits += 1
+                return remote
+        return hit if hit is not None and hit.depth > floor else None
+
+    def _lookup_index(self, tokens: list[int], limit: int, hashes: list[bytes]) -> HostHit | None:
         with self._lock:
-            hashes = self.layout.chain(tokens, limit)
             for j in range(len(hashes) - 1, -1, -1):
                 best = None
                 for s in self._by_base.get(hashes[j], ()):
@@ -261,6 +278,20 @@ class HostTier:
                         best = s
                 if best is not None:
                     return HostHit(best.key, best.depth, list(best.chunks))
+        return None
+
+    def _probe(self, tokens: list[int], limit: int, floor: int, hashes: list[bytes]) -> HostHit | None:
+        """The deepest state object in the store at a depth in (floor, limit], whoever wrote it: every
+        depth of the PROBE_CHUNKS deepest chunks above `floor`, one batched existence check per chunk.
+        A state whose chunk objects the store lacks does not count."""
+        c = self.layout.chunk_tokens
+        for j in range(limit // c, max(floor // c, limit // c - PROBE_CHUNKS + 1) - 1, -1):
+            depths = range(min((j + 1) * c - 1, limit), max(j * c, floor + 1) - 1, -1)
+            keys = [self.layout.state_key(hashes[j], tokens, p) for p in depths]
+            found = [(d, k) for d, k, f in zip(depths, keys, self.store.exists_many(keys), strict=True) if f]
+            chunks = [self.layout.chunk_key(h) for h in hashes[1 : j + 1]]
+            if found and all(self.store.exists_many(chunks)):
+                return HostHit(found[0][1], found[0][0], chunks)
         return None
 
     def start_restore(
