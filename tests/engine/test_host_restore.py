@@ -206,3 +206,31 @@ def test_an_engine_restores_a_state_another_engine_wrote_to_a_shared_store(
     reader.engine.check_integrity()
     writer.engine.close()
     reader.engine.close()
+
+
+def test_a_store_lost_during_the_fetch_falls_back_to_recompute(tiny_model_dir, plain, request):
+    from flashstate.cache.host.store import StoreUnavailableError
+
+    llm = _engine(tiny_model_dir, request)
+    engine = llm.engine
+    rng = random.Random(5)
+    resumed = _only_on_host(llm, _tokens(rng, 300, engine.spec.vocab_size))
+
+    class Lost(GatedStore):
+        def get(self, key):
+            super().get(key)
+            raise StoreUnavailableError("master gone")
+
+        def ping(self):
+            return False
+
+    store = engine.host.store = Lost(engine.host.store)
+    a = engine.add_request(resumed, PARAMS)
+    engine.step()
+    assert engine.requests[a].seq.status is SequenceStatus.RESTORING
+    store.gate.set()
+    outs = _run(engine, [a])
+    assert outs[a].token_ids == plain.generate([resumed], PARAMS)[0].token_ids
+    assert outs[a].num_cached_tokens == 0
+    assert not engine.host.available and engine.host.stats.outages == 1 and engine.host.stats.restores == 0
+    engine.close()
