@@ -46,6 +46,7 @@ def run(config: EngineConfig, agents, max_tokens: int) -> dict:
         "median_uncached": result.median_uncached,
         "requests": len(result.prompt),
         "host_tokens": host.stats.restored_tokens / prompt if host else 0.0,
+        "host_shared_tokens": host.stats.shared_tokens if host else 0,  # of those, KV found on the GPU
         "host_restores": host.stats.restores if host else 0,
         "host_evictions": host.stats.evictions if host else 0,
     }

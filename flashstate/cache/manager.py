@@ -10,8 +10,10 @@ Verbs:
     release(seq, commit)  at request end the frontier checkpoint is committed (policy permitting),
                           then every block reference and the working slot are returned
 
-Host tier hooks (cache/host/, optional): `admit` restores from the host when the host holds a deeper
-state than the GPU tree; `release` of a finished request writes its state back (off the critical path).
+Host tier hooks (cache/host/, optional): `admit` starts a restore from the host when the host holds a
+deeper state than the GPU tree (the sequence then waits in `seq.restore`, holding its slot and blocks,
+until `poll_restore` says the state has landed or the restore failed); `release` of a finished request
+writes its state back (off the critical path), and of a restoring one cancels the restore.
 
 Ownership: a block's ref count = tree nodes holding it + sequences whose block table holds it. A slot
 is owned by one running sequence, one tree node, or one in-flight export.
@@ -33,6 +35,7 @@ import time
 from collections.abc import Callable
 
 from flashstate.cache.block_pool import BlockPool
+from flashstate.cache.host.restore import RestorePhase
 from flashstate.cache.host.tier import HostTier
 from flashstate.cache.policy import Policy
 from flashstate.cache.state_pool import StatePool
@@ -225,6 +228,9 @@ class CacheManager:
 
     def release(self, seq: Sequence, commit: bool) -> None:
         """Return everything a finished (commit=True), aborted or preempted sequence holds."""
+        if seq.restore is not None:  # aborted (or failed) while restoring from the host tier
+            seq.restore.cancel()
+            seq.restore = None
         if commit and self.host is not None and seq.num_computed_tokens and seq.state_slot is not None:
             self.host.write_back(seq.token_ids, seq.num_computed_tokens, seq.block_table, seq.state_slot)
         frontier = self.enabled and self.policy.frontier
@@ -262,23 +268,41 @@ class CacheManager:
     # ---- host tier hooks ------------------------------------------------------------------------
 
     def _restore_from_host(self, seq: Sequence, match: Match) -> bool:
-        """Restore the deepest host state if it is deeper than the GPU hit `match` (locked by the caller);
-        False (nothing changed) when there is none, it is gone or corrupt, or no blocks can be had."""
-        hit = self.host.lookup(seq.token_ids, len(seq.token_ids) - 1)
+        """Start restoring the deepest host state if it is deeper than the GPU hit `match` (locked by the
+        caller). KV the GPU tree still holds (whole chunks up to match.kv_depth) is shared; the later
+        chunks and the state object are fetched in the background (`seq.restore`, polled by
+        `poll_restore`). False (nothing changed) when there is none or no blocks can be had."""
+        hit = self.host.lookup(seq.token_ids, len(seq.token_ids) - 1, floor=match.depth)
         if hit is None or hit.depth <= match.depth:
             return False
-        objects = self.host.fetch(hit)
-        blocks = None if objects is None else self._take_blocks(self.block_pool.blocks_for(hit.depth))
+        first = min(match.kv_depth, hit.depth) // self.host.layout.chunk_tokens
+        shared = self.tree.kv_blocks(seq.token_ids, first * self.host.layout.chunk_tokens)
+        self.block_pool.incref(shared)  # held before making room: eviction cannot take them
+        blocks = self._take_blocks(self.block_pool.blocks_for(hit.depth) - len(shared))
         if blocks is None:
+            self.block_pool.free(shared)
             return False
-        self.host.load(hit, objects, blocks, seq.state_slot)
         self._lock(match.node, -1)
-        seq.block_table = blocks
-        seq.num_computed_tokens = hit.depth
+        seq.block_table = shared + blocks
         seq.cache_handle = None
-        seq.export_plan = self.policy.plan_exports(
-            seq, Match(self.tree.root, hit.depth, max(match.kv_depth, hit.depth))
-        )
+        kv_depth = max(match.kv_depth, hit.depth)
+        seq.restore = self.host.start_restore(hit, first, kv_depth, seq.block_table, seq.state_slot)
+        return True
+
+    def poll_restore(self, seq: Sequence) -> bool | None:
+        """A restoring sequence: None while its restore is in flight; True once its blocks and slot hold
+        the host state (it continues from the host depth); False when the restore failed (a missing or
+        corrupt object, the store unreachable): everything it held is released, it is admitted again."""
+        phase = seq.restore.poll()
+        if phase is RestorePhase.PENDING:
+            return None
+        if phase is RestorePhase.FAILED:
+            self.release(seq, commit=False)
+            return False
+        restore, seq.restore = seq.restore, None
+        seq.num_computed_tokens = restore.depth
+        hit = Match(self.tree.root, restore.depth, restore.kv_depth)
+        seq.export_plan = self.policy.plan_exports(seq, hit)
         self.stats.host_hits += 1
         return True
 
@@ -376,6 +400,15 @@ class CacheManager:
         slots = list(self._inflight)
         locks: dict[int, int] = {}
         for seq in live:
+            r = seq.restore
+            if r is not None and (
+                seq.num_computed_tokens
+                or seq.cache_handle is not None
+                or r.blocks != seq.block_table
+                or len(r.blocks) != self.block_pool.blocks_for(r.depth)
+                or r.slot != seq.state_slot
+            ):
+                raise AssertionError(f"restoring request {seq.request_id} holds the wrong resources")
             for b in seq.block_table:
                 refs[b] = refs.get(b, 0) + 1
             if seq.state_slot is not None:

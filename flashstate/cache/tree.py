@@ -124,6 +124,20 @@ class RadixTree:
             table.extend(n.blocks)
         return table
 
+    def kv_blocks(self, tokens: list[int], depth: int) -> list[int]:
+        """Blocks holding the KV of positions [0, depth) of `tokens` (depth a multiple of the block size,
+        at most match(tokens).kv_depth): the path may end inside a node."""
+        table: list[int] = []
+        node, pos = self.root, 0
+        while pos < depth:
+            child = node.children[tokens[pos]]
+            n = _common_prefix(child.tokens, tokens, pos, depth)
+            del table[self._first(child.start) :]
+            table.extend(child.blocks)
+            node, pos = child, pos + n
+        assert pos == depth and depth % self.block_size == 0
+        return table[: depth // self.block_size]
+
     # ---- structure ------------------------------------------------------------------------------
 
     def split(self, node: Node, at: int) -> Node:

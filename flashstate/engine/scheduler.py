@@ -7,6 +7,9 @@ Each step, in FIFO order of admission:
   2. waiting sequences are admitted while budget, `max_num_seqs`, slots and blocks allow; the queue head
      is never skipped (FIFO fairness), and nothing is admitted in a step that preempted.
 Prefill chunks and decodes share one batch.
+A sequence whose admission starts a host-tier restore waits in `restoring` (holding its slot and blocks,
+counted in `max_num_seqs`, never preempted) while the others run; each step first polls the restores:
+a finished one joins `running` at the host depth, a failed one goes back to the head of the queue.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from flashstate.cache.host.restore import wait_any
 from flashstate.cache.manager import CacheManager
 from flashstate.engine.sequence import Sequence, SequenceStatus
 
@@ -53,10 +57,11 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.restoring: list[Sequence] = []
 
     @property
     def num_unfinished(self) -> int:
-        return len(self.waiting) + len(self.running)
+        return len(self.waiting) + len(self.running) + len(self.restoring)
 
     def add(self, seq: Sequence) -> None:
         total = seq.num_prompt_tokens + (seq.params.max_tokens or 0)
@@ -78,6 +83,7 @@ class Scheduler:
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
         preempted = False
+        self._poll_restores()
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
@@ -92,7 +98,12 @@ class Scheduler:
                 batch.add(seq, n, self.cache.exports(seq, n))
                 budget -= n
                 i += 1
-        while self.waiting and budget > 0 and not preempted and len(self.running) < self.max_num_seqs:
+        while (
+            self.waiting
+            and budget > 0
+            and not preempted
+            and len(self.running) + len(self.restoring) < self.max_num_seqs
+        ):
             seq = self.waiting[0]
             if not self.cache.admit(seq):
                 break
@@ -100,8 +111,16 @@ class Scheduler:
             # Admit only what can run to its first token next to everything already running, so long
             # prompts do not preempt each other in turn (evicting cache units to make the room).
             room = self._blocks_to_first_token(seq) + sum(
-                self._blocks_to_first_token(s) for s in self.running
+                self._blocks_to_first_token(s) for s in self.running + self.restoring
             )
+            if seq.restore is not None:
+                if not self.cache.make_room(room):
+                    self.cache.release(seq, commit=False)
+                    break
+                self.waiting.popleft()
+                seq.status = SequenceStatus.RESTORING
+                self.restoring.append(seq)
+                continue
             if not (self.cache.make_room(room) and self.cache.allocate(seq, n)):
                 self.cache.release(seq, commit=False)
                 seq.num_computed_tokens = 0
@@ -112,7 +131,24 @@ class Scheduler:
             self.running.append(seq)
             batch.add(seq, n, self.cache.exports(seq, n))
             budget -= n
+        if not batch.seqs and self.restoring:  # nothing else to run: wait for a restore, not spin
+            wait_any([s.restore for s in self.restoring], timeout=0.05)
         return batch
+
+    def _poll_restores(self) -> None:
+        for seq in list(self.restoring):
+            done = self.cache.poll_restore(seq)
+            if done is None:
+                continue
+            self.restoring.remove(seq)
+            if done:
+                self.cache.record_admission(seq)
+                seq.status = SequenceStatus.RUNNING
+                self.running.append(seq)
+            else:  # the restore failed and released everything: admitted again from the GPU cache
+                seq.num_computed_tokens = 0
+                seq.status = SequenceStatus.WAITING
+                self.waiting.appendleft(seq)
 
     def _blocks_to_first_token(self, seq: Sequence) -> int:
         need = self.cache.block_pool.blocks_for(len(seq.token_ids) + 1) - len(seq.block_table)
@@ -130,6 +166,8 @@ class Scheduler:
         """Retire a sequence (stop, length or abort) from wherever it is and release what it holds."""
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
+        elif seq.status is SequenceStatus.RESTORING:
+            self.restoring.remove(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
         else:
@@ -140,6 +178,10 @@ class Scheduler:
 
     def check_integrity(self) -> None:
         for seq in self.waiting:
-            if seq.block_table or seq.state_slot is not None:
+            if seq.block_table or seq.state_slot is not None or seq.restore is not None:
                 raise AssertionError(f"waiting request {seq.request_id} holds cache resources")
-        self.cache.check_integrity(self.running)
+        for seq in self.running + self.restoring:
+            restoring = seq in self.restoring
+            if {seq.status is SequenceStatus.RESTORING, seq.restore is not None} != {restoring}:
+                raise AssertionError(f"request {seq.request_id} is {seq.status.value}, restore {seq.restore}")
+        self.cache.check_integrity(self.running + self.restoring)

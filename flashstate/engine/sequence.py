@@ -10,15 +10,20 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from flashstate.layers.sampler import request_generator
 from flashstate.sampling_params import SamplingParams
 
+if TYPE_CHECKING:
+    from flashstate.cache.host.restore import HostRestore
+
 
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
+    RESTORING = "restoring"  # admitted; its state is on the way from the host tier (seq.restore)
     RUNNING = "running"
     FINISHED = "finished"
 
@@ -50,6 +55,7 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     state_slot: int | None = None
     cache_handle: object | None = None  # the prefix cache's lock on the matched path
+    restore: HostRestore | None = None  # a host-tier restore in flight (status RESTORING)
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: int | str | None = None

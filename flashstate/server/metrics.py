@@ -215,6 +215,16 @@ def _host_metrics(host: HostTier, gauge: Callable, counter: Callable, m: list[st
         "Prompt tokens restored from the host tier.",
         s.restored_tokens,
     )
+    yield counter(
+        "flashstate:host_cache_shared_tokens",
+        "Of the restored tokens, those whose KV was still on the GPU (shared, not copied).",
+        s.shared_tokens,
+    )
+    yield counter(
+        "flashstate:host_cache_remote_hits",
+        "Host hits on states another engine wrote to the shared store.",
+        s.remote_hits,
+    )
     misses = CounterMetricFamily(
         "flashstate:host_cache_misses",
         "Host states found unusable at restore, by reason (dropped by the store, corrupt).",

@@ -166,3 +166,42 @@ def test_a_host_state_deeper_than_the_gpu_hit_wins(tiny_model_dir, plain):
     assert all(0 < g < len(f) for g, f in zip(gpu, contexts[-1], strict=True))  # a shallower GPU hit
     assert engine.host.stats.restores == 3
     engine.close()
+
+
+def test_master_down_at_start_up_then_joined(tiny_model_dir, plain, tmp_path):
+    from flashstate.cache.host.mooncake import free_port
+
+    port = free_port()
+    cached = LLM(
+        tiny_model_dir,
+        **ENGINE,
+        host_cache="mooncake",
+        host_cache_bytes=64 << 20,
+        mooncake_master=f"127.0.0.1:{port}",
+    )
+    got = _capture(cached)
+    engine, host = cached.engine, cached.engine.host
+    host.retry_seconds = 0.1
+    assert not host.available and host.stats.outages == 1 and host.stats.reconnects == 0
+    agents = Agents(engine.spec.vocab_size, seed=3)
+    outs = _check_round(cached, got, plain, agents.contexts)  # served on the GPU cache alone
+    host.flush()
+    assert host.stats.states_written == 0 and host.stats.writes_skipped == 3
+    agents.advance([o.token_ids for o in outs])
+
+    master = start_master(port, log=str(tmp_path / "master.log"))
+    try:
+        for _ in range(3000):
+            if host.available:
+                break
+            time.sleep(0.01)
+        assert host.available and host.stats.reconnects == 1
+        outs = _check_round(cached, got, plain, agents.contexts)
+        assert host.stats.states_written == 3
+        _drop_gpu_cache(cached)
+        agents.advance([o.token_ids for o in outs])
+        _check_round(cached, got, plain, agents.contexts)
+        assert host.stats.restores == 3 and host.stats.outages == 1
+        engine.close()
+    finally:
+        master.stop()

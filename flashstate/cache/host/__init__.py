@@ -1,7 +1,8 @@
 """Host tier (DESIGN.md §2.3): finished requests' hybrid states written back to host memory, restored
 on a GPU-cache miss. store.py (the store interface, the embedded store), mooncake.py (the Mooncake store),
 codec.py (object format), layout.py (keys), transfer.py (device ↔ object copies), tier.py (index,
-eviction, write-back thread, faults), build.py (from the engine config)."""
+eviction, write-back thread, faults, probing a shared store), restore.py (a restore in flight: background
+fetch, side-stream copies), build.py (from the engine config)."""
 
 from flashstate.cache.host.build import build_host_tier
 from flashstate.cache.host.store import HostStore, MemoryStore, StoreUnavailableError

@@ -7,7 +7,7 @@ import torch
 from flashstate.cache.cost import PrefillCost
 from flashstate.cache.host.codec import object_size
 from flashstate.cache.host.layout import HostLayout, model_fingerprint
-from flashstate.cache.host.store import HostStore, MemoryStore
+from flashstate.cache.host.store import HostStore, MemoryStore, StoreUnavailableError
 from flashstate.cache.host.tier import HostTier
 from flashstate.cache.host.transfer import StateTransfer
 from flashstate.config import EngineConfig
@@ -46,6 +46,13 @@ def build_host_tier(
             object_size(layout.chunk_key(layout.root), transfer.kv_specs(chunk)),
             object_size(layout.chunk_key(layout.root), transfer.state_specs(chunk)),
         )
-        store = MooncakeStore(config.mooncake_master, capacity, local_buffer_bytes=max(2 * largest, 16 << 20))
+        buffer = max(2 * largest, 16 << 20)
+        store = MooncakeStore(config.mooncake_master, capacity, local_buffer_bytes=buffer, connect=False)
         usable = int(capacity * MOONCAKE_FILL)
-    return HostTier(store, transfer, layout, cost, capacity=usable, pin=cuda)
+    tier = HostTier(store, transfer, layout, cost, capacity=usable, pin=cuda)
+    if kind == "mooncake":
+        try:
+            store.connect()
+        except StoreUnavailableError as e:  # serve on the GPU cache alone; the tier joins when it answers
+            tier.mark_unavailable(e)
+    return tier

@@ -18,6 +18,7 @@ import torch
 MAGIC = b"FSH1"
 _PREFIX = struct.Struct("<4sII")
 _ALIGN = 64
+Spec = tuple[torch.dtype, tuple[int, ...]]
 _DTYPES = {str(d): d for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.uint8)}
 
 
@@ -85,8 +86,9 @@ def encode(key: str, tensors: list[torch.Tensor]) -> torch.Tensor:
     return b.seal()
 
 
-def decode(key: str, buffer: torch.Tensor) -> list[torch.Tensor] | None:
-    """The tensors of a sound object stored under `key`; None for anything else."""
+def verify(key: str, buffer: torch.Tensor) -> list[Spec] | None:
+    """The tensor specs of a sound object stored under `key`; None for anything else. No torch calls:
+    the checksum releases the GIL, so objects verify in parallel on threads."""
     if buffer.numel() < _PREFIX.size:
         return None
     raw = memoryview(buffer.numpy())
@@ -98,12 +100,21 @@ def decode(key: str, buffer: torch.Tensor) -> list[torch.Tensor] | None:
         specs = [(_DTYPES[d], tuple(s)) for d, s in header["tensors"]]
     except (ValueError, KeyError, TypeError):
         return None
-    if header.get("key") != key:
+    if header.get("key") != key or _layout(key, specs)[2] != buffer.numel():
         return None
-    _, offsets, total = _layout(key, specs)
-    if total != buffer.numel():
-        return None
+    return specs
+
+
+def views(key: str, buffer: torch.Tensor, specs: list[Spec]) -> list[torch.Tensor]:
+    """The tensors of a verified object, as views into `buffer` (no copy)."""
+    _, offsets, _ = _layout(key, specs)
     return [_view(buffer, o, d, s) for o, (d, s) in zip(offsets, specs, strict=True)]
+
+
+def decode(key: str, buffer: torch.Tensor) -> list[torch.Tensor] | None:
+    """The tensors of a sound object stored under `key`; None for anything else."""
+    specs = verify(key, buffer)
+    return None if specs is None else views(key, buffer, specs)
 
 
 def _view(buffer: torch.Tensor, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:

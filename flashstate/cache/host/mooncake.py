@@ -3,8 +3,10 @@ that runs a real `mooncake_master`.
 
 Each engine is a store client: it mounts `capacity` bytes of its own memory into the store's global
 segment pool and reads or writes objects anywhere in the pool through the master (one master per
-deployment). The master evicts objects on its own when the pool fills (a missing key is a miss) and
-leases an object for `--default_kv_lease_ttl` after each read (removals use `force`).
+deployment). An engine started while the master is down serves without the tier and joins when the
+master answers (`connect=False`, then `ping`). The master evicts objects on its own when the pool fills
+(a missing key is a miss) and leases an object for `--default_kv_lease_ttl` after each read (removals use
+`force`).
 Return codes (negative on error): -704 not found, -705 already exists, -900 RPC failure (the master is
 gone), ≤ -1000 coordination errors; the last two mean unavailable, the rest a refused operation.
 """
@@ -21,6 +23,7 @@ import time
 import uuid
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -58,29 +61,52 @@ def local_address(master: str) -> str:
 
 class MooncakeStore:
     name = "mooncake"
+    shared = True
 
-    def __init__(self, master: str, capacity: int, local_buffer_bytes: int = 64 << 20):
+    def __init__(self, master: str, capacity: int, local_buffer_bytes: int = 64 << 20, connect: bool = True):
+        """Join the store (`connect`: now, raising StoreUnavailableError if the master cannot be reached;
+        else at the first `connect` or `ping` that finds it up)."""
         self.master = master
         self._capacity = capacity
-        self._client = _import_store()()
-        rc = self._client.setup(
-            local_address(master), "P2PHANDSHAKE", capacity, local_buffer_bytes, "tcp", "", master
-        )
+        self._local_buffer_bytes = local_buffer_bytes
+        self._store_type = _import_store()
+        self._client = None
+        if connect:
+            self.connect()
+
+    def connect(self) -> None:
+        host, _, port = self.master.rpartition(":")
+        try:  # the client's own set-up retries for a minute and more when nothing listens
+            socket.create_connection((host, int(port)), timeout=2.0).close()
+        except OSError as e:
+            raise StoreUnavailableError(f"the Mooncake master at {self.master} does not answer ({e})") from e
+        client = self._store_type()
+        rc = client.setup(
+            local_address(self.master), "P2PHANDSHAKE", self._capacity, self._local_buffer_bytes, "tcp", "",
+            self.master,
+        )  # fmt: skip
         if rc != 0:
-            raise StoreUnavailableError(f"cannot join the Mooncake store at {master} (error {rc})")
+            raise StoreUnavailableError(f"cannot join the Mooncake store at {self.master} (error {rc})")
+        self._client = client
+
+    @property
+    def _joined(self) -> Any:  # noqa: ANN401 — the client of the Mooncake binding
+        if self._client is None:
+            raise StoreUnavailableError(f"not joined to the Mooncake store at {self.master}")
+        return self._client
 
     @property
     def capacity(self) -> int:
         return self._capacity
 
     def put(self, key: str, data: torch.Tensor) -> bool:
-        rc = self._client.put(key, memoryview(data.numpy()))
+        rc = self._joined.put(key, memoryview(data.numpy()))
         if _unavailable(rc):
             raise StoreUnavailableError(f"Mooncake put failed with {rc} (master {self.master})")
         return rc in (0, _EXISTS)
 
     def get(self, key: str) -> torch.Tensor | None:
-        data = self._client.get(key)
+        data = self._joined.get(key)
         if not data:
             self.exists(key)  # tells a missing key from a dead master
             return None
@@ -89,18 +115,29 @@ class MooncakeStore:
             return torch.frombuffer(data, dtype=torch.uint8)
 
     def exists(self, key: str) -> bool:
-        rc = self._client.is_exist(key)
+        rc = self._joined.is_exist(key)
         if rc < 0 and _unavailable(rc):
             raise StoreUnavailableError(f"Mooncake lookup failed with {rc} (master {self.master})")
         return rc == 1
 
+    def exists_many(self, keys: list[str]) -> list[bool]:
+        codes = self._joined.batch_is_exist(keys) if keys else []
+        if any(rc < 0 and _unavailable(rc) for rc in codes):
+            raise StoreUnavailableError(f"Mooncake lookup failed (master {self.master})")
+        return [rc == 1 for rc in codes]
+
     def remove(self, key: str) -> None:
-        rc = self._client.remove(key, True)
+        rc = self._joined.remove(key, True)
         if _unavailable(rc):
             raise StoreUnavailableError(f"Mooncake remove failed with {rc} (master {self.master})")
 
     def ping(self) -> bool:
         """A probe object can be written (the master is up and knows this client's segment again)."""
+        if self._client is None:
+            try:
+                self.connect()
+            except StoreUnavailableError:
+                return False
         key = f"flashstate/ping/{uuid.uuid4().hex}"
         rc = self._client.put(key, b"1")
         if rc == 0:
@@ -108,7 +145,8 @@ class MooncakeStore:
         return rc == 0
 
     def close(self) -> None:
-        self._client.close()
+        if self._client is not None:
+            self._client.close()
 
 
 # ---- the master --------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ class StoreUnavailableError(RuntimeError):
 
 class HostStore(Protocol):
     name: str
+    shared: bool  # other engines write to it too (lookups probe it for their states)
 
     @property
     def capacity(self) -> int:
@@ -35,6 +36,8 @@ class HostStore(Protocol):
 
     def exists(self, key: str) -> bool: ...
 
+    def exists_many(self, keys: list[str]) -> list[bool]: ...
+
     def remove(self, key: str) -> None: ...
 
     def ping(self) -> bool:
@@ -49,6 +52,7 @@ class MemoryStore:
     asynchronous DMA); `capacity` bytes at most (a put beyond it is refused)."""
 
     name = "memory"
+    shared = False
 
     def __init__(self, capacity: int, pin: bool | None = None):
         if capacity < 1:
@@ -86,6 +90,9 @@ class MemoryStore:
 
     def exists(self, key: str) -> bool:
         return key in self._objects
+
+    def exists_many(self, keys: list[str]) -> list[bool]:
+        return [k in self._objects for k in keys]
 
     def remove(self, key: str) -> None:
         with self._lock:

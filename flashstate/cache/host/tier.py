@@ -5,10 +5,15 @@ background thread, restore on a GPU-cache miss, and running without the store wh
                                               store lacks, enqueues device → host copies into staging
                                               objects and hands them to the writer thread (checksum,
                                               put); the request never waits for the store
-    lookup(tokens, limit) → HostHit | None    the deepest state the store holds on the prompt's path
-    fetch(hit) → objects | None               reads and verifies every object (a missing or corrupt one
-                                              is a miss, and the state leaves the index)
-    load(objects, blocks, slot)               host → device copies into blocks and a state slot
+    lookup(tokens, limit, floor) → HostHit    the deepest state the store holds on the prompt's path (a
+                                              shared store: also states other engines wrote, by probing)
+    start_restore(hit, first_chunk, …)        fetch (below) on the fetch thread; a HostRestore
+                                              (restore.py) the engine polls while it keeps stepping
+    fetch(hit, first_chunk) → objects | None  reads and verifies the objects from chunk first_chunk on
+                                              (a missing or corrupt one is a miss: the state leaves the
+                                              index)
+    load(hit, objects, blocks, slot, …)       host → device copies into blocks and a state slot (CUDA: on
+                                              a side stream; returns the event after them)
 
 Index: a state at depth p references the chunk objects 1..floor(p / C) (shared between states, ref
 counted) and its own state object; `used` = bytes of every object indexed, ≤ capacity. A state is
@@ -16,9 +21,10 @@ restorable once its own object and every chunk it references are written (`ready
 Eviction is Greedy-Dual-Size over whole states, as on the GPU: H = L + C(p) / bytes, bytes = the state
 object plus the chunks only it references; L rises to the H of each evicted state; a hit re-stamps; a
 new state that would have to evict states of higher H is not written.
-Faults: StoreUnavailableError from any store call marks the tier unavailable (logged once per outage,
-counted), empties the index (what the store held is unknown from then on) and makes every call a no-op;
-the writer thread pings the store every `retry_seconds` and resumes when it answers.
+Faults: StoreUnavailableError from any store call (or from joining the store at start-up: build.py)
+marks the tier unavailable (logged once per outage, counted), empties the index (what the store held is
+unknown from then on) and makes every call a no-op (a fetch in flight is a miss); the writer thread pings
+the store every `retry_seconds` (joining it if it never did) and resumes when it answers.
 """
 
 from __future__ import annotations
@@ -28,19 +34,21 @@ import os
 import queue
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
 from flashstate.cache.cost import PrefillCost
-from flashstate.cache.host.codec import ObjectBuilder, decode, object_size
+from flashstate.cache.host.codec import ObjectBuilder, object_size, verify, views
 from flashstate.cache.host.layout import HostLayout
+from flashstate.cache.host.restore import HostRestore
 from flashstate.cache.host.store import HostStore, StoreUnavailableError
 from flashstate.cache.host.transfer import StateTransfer
 
 logger = logging.getLogger("flashstate.host")
 _POOL: ThreadPoolExecutor | None = None
+PROBE_CHUNKS = 4  # a shared store is probed for states in this many chunks below the prompt's end
 
 
 def _verify_pool() -> ThreadPoolExecutor:
@@ -57,8 +65,10 @@ class HostTierStats:
     bytes_written: int = 0
     writes_skipped: int = 0  # write-backs dropped: no room, refused by the store, tier unavailable
     lookups: int = 0
+    remote_hits: int = 0  # lookups answered by a state another engine wrote (found in a shared store)
     restores: int = 0
     restored_tokens: int = 0
+    shared_tokens: int = 0  # of restored_tokens: KV the GPU cache still held (shared, not copied)
     misses_dropped: int = 0  # the store no longer held an object
     misses_corrupt: int = 0  # checksum, header or key mismatch
     evictions: int = 0
@@ -135,6 +145,8 @@ class HostTier:
         self._queue: queue.Queue[_Write | _Remove | None] = queue.Queue()
         self._writer = threading.Thread(target=self._run, name="flashstate-host-writer", daemon=True)
         self._writer.start()
+        self._fetcher = ThreadPoolExecutor(2, thread_name_prefix="flashstate-host-fetch")
+        self._fetches: set[Future] = set()
 
     @property
     def num_states(self) -> int:
@@ -232,13 +244,27 @@ class HostTier:
 
     # ---- restore (engine thread) --------------------------------------------------------------------
 
-    def lookup(self, tokens: list[int], limit: int) -> HostHit | None:
-        """The deepest restorable state at a depth <= limit on the path of `tokens`."""
-        if not self.available or not self._states:
+    def lookup(self, tokens: list[int], limit: int, floor: int = 0) -> HostHit | None:
+        """The deepest restorable state at a depth in (floor, limit] on the path of `tokens`: from this
+        tier's index, else (a shared store) one another engine wrote, found by probing the store."""
+        if not self.available:
             return None
         self.stats.lookups += 1
+        hashes = self.layout.chain(tokens, limit)
+        hit = self._lookup_index(tokens, limit, hashes) if self._states else None
+        if self.store.shared:
+            try:
+                remote = self._probe(tokens, limit, max(floor, hit.depth if hit else 0), hashes)
+            except StoreUnavailableError as e:
+                self.mark_unavailable(e)
+                return None
+            if remote is not None:
+                self.stats.remote_hits += 1
+                return remote
+        return hit if hit is not None and hit.depth > floor else None
+
+    def _lookup_index(self, tokens: list[int], limit: int, hashes: list[bytes]) -> HostHit | None:
         with self._lock:
-            hashes = self.layout.chain(tokens, limit)
             for j in range(len(hashes) - 1, -1, -1):
                 best = None
                 for s in self._by_base.get(hashes[j], ()):
@@ -254,48 +280,92 @@ class HostTier:
                     return HostHit(best.key, best.depth, list(best.chunks))
         return None
 
-    def fetch(self, hit: HostHit) -> list[list[torch.Tensor]] | None:
-        """Every object of `hit` read and verified (chunks in order, the state object last), or None.
-        Checksums run on a thread pool (zlib releases the GIL): verifying is CPU-bound at ~1 GB/s/core."""
-        keys = [*hit.chunks, hit.key]
+    def _probe(self, tokens: list[int], limit: int, floor: int, hashes: list[bytes]) -> HostHit | None:
+        """The deepest state object in the store at a depth in (floor, limit], whoever wrote it: every
+        depth of the PROBE_CHUNKS deepest chunks above `floor`, one batched existence check per chunk.
+        A state whose chunk objects the store lacks does not count."""
+        c = self.layout.chunk_tokens
+        for j in range(limit // c, max(floor // c, limit // c - PROBE_CHUNKS + 1) - 1, -1):
+            depths = range(min((j + 1) * c - 1, limit), max(j * c, floor + 1) - 1, -1)
+            keys = [self.layout.state_key(hashes[j], tokens, p) for p in depths]
+            found = [(d, k) for d, k, f in zip(depths, keys, self.store.exists_many(keys), strict=True) if f]
+            chunks = [self.layout.chunk_key(h) for h in hashes[1 : j + 1]]
+            if found and all(self.store.exists_many(chunks)):
+                return HostHit(found[0][1], found[0][0], chunks)
+        return None
+
+    def start_restore(
+        self, hit: HostHit, first_chunk: int, kv_depth: int, blocks: list[int], slot: int
+    ) -> HostRestore:
+        """Fetch `hit` from chunk `first_chunk` on in the background; the restore copies into `blocks`
+        (the whole table: ceil(depth / B) blocks) and `slot` once the engine polls it ready."""
+        future = self._fetcher.submit(self._fetch_in_background, hit, first_chunk)
+        self._fetches.add(future)
+        future.add_done_callback(self._fetches.discard)
+        return HostRestore(self, hit, first_chunk, kv_depth, blocks, slot, future)
+
+    def _fetch_in_background(self, hit: HostHit, first_chunk: int) -> list[list[torch.Tensor]] | None:
+        try:
+            return self.fetch(hit, first_chunk)
+        except Exception:  # a failed fetch is a miss, never a failed request
+            logger.exception("host tier: fetch failed")
+            return None
+
+    def fetch(self, hit: HostHit, first_chunk: int = 0) -> list[list[torch.Tensor]] | None:
+        """The objects of `hit` from chunk `first_chunk` on, read and verified (chunks in order, the state
+        object last), or None. Checksums run on a thread pool (zlib releases the GIL); views are made here."""
+        keys = [*hit.chunks[first_chunk:], hit.key]
+        if not self.available:
+            return None
         try:
             buffers = [self.store.get(key) for key in keys]
         except StoreUnavailableError as e:
-            self._outage(e)
+            self.mark_unavailable(e)
             return None
         pairs = [(k, b) for k, b in zip(keys, buffers, strict=True) if b is not None]
-        decoded = dict(
-            zip([k for k, _ in pairs], _verify_pool().map(lambda kb: decode(*kb), pairs), strict=True)
+        verified = dict(
+            zip([k for k, _ in pairs], _verify_pool().map(lambda kb: verify(*kb), pairs), strict=True)
         )
         objects = []
-        for key in keys:
-            tensors = decoded.get(key)
-            if tensors is None:
+        for key, buffer in zip(keys, buffers, strict=True):
+            specs = verified.get(key)
+            if specs is None:
                 with self._lock:
-                    if key in decoded:
+                    if key in verified:
                         self.stats.misses_corrupt += 1
                     else:
                         self.stats.misses_dropped += 1
                     self._forget_object(key)
                 return None
-            objects.append(tensors)
+            objects.append(views(key, buffer, specs))
         return objects
 
-    def load(self, hit: HostHit, objects: list[list[torch.Tensor]], blocks: list[int], slot: int) -> None:
-        """Copy a fetched state into `blocks` (ceil(depth / B) of them) and state slot `slot`."""
+    def load(
+        self,
+        hit: HostHit,
+        objects: list[list[torch.Tensor]],
+        blocks: list[int],
+        slot: int,
+        first_chunk: int = 0,
+    ) -> torch.cuda.Event | None:
+        """Copy a fetched state (chunks first_chunk.., then the state object) into `blocks` (the whole
+        table: ceil(depth / B) blocks; those of chunks < first_chunk already hold their KV) and `slot`.
+        On CUDA the copies run on a side stream: the returned event marks when they have landed."""
         c, b = self.layout.chunk_tokens, self.block_size
-        for i, tensors in enumerate(objects[:-1]):
-            self.transfer.scatter_kv(blocks[i * c // b : (i + 1) * c // b], tensors)
-        n = self.transfer.num_state_tensors()
-        state = objects[-1]
-        self.transfer.scatter_state(slot, state[:n])
-        self.transfer.scatter_kv(blocks[len(objects[:-1]) * c // b :], state[n:])
+        with self.transfer.side_stream():
+            n = self.transfer.num_state_tensors()
+            state = objects[-1]
+            self.transfer.scatter_state(slot, state[:n])
+            self.transfer.scatter_pieces(blocks[first_chunk * c // b :], [*objects[:-1], state[n:]])
+            event = self.transfer.event()
         with self._lock:
             s = self._states.get(hit.key)
             if s is not None:
                 s.priority = self._clock
         self.stats.restores += 1
         self.stats.restored_tokens += hit.depth
+        self.stats.shared_tokens += first_chunk * c
+        return event
 
     def _forget_object(self, key: str) -> None:
         """A chunk or state object is gone or bad: every state that needs it leaves the index."""
@@ -309,9 +379,11 @@ class HostTier:
     def _run(self) -> None:
         while True:
             try:
-                job = self._queue.get(timeout=self.retry_seconds if not self.available else None)
+                # Wakes every retry_seconds: an outage may be noticed on another thread (fetch, start-up).
+                job = self._queue.get(timeout=self.retry_seconds)
             except queue.Empty:
-                self._try_reconnect()
+                if not self.available:
+                    self._try_reconnect()
                 continue
             try:
                 if job is None:
@@ -322,7 +394,7 @@ class HostTier:
                 else:
                     self._write(job)
             except StoreUnavailableError as e:
-                self._outage(e)
+                self.mark_unavailable(e)
             except Exception:  # the writer must outlive any one bad job
                 logger.exception("host tier: write-back failed")
             finally:
@@ -357,7 +429,7 @@ class HostTier:
                         else:
                             self._queue.put(_Remove(obj.key))
 
-    def _outage(self, error: Exception) -> None:
+    def mark_unavailable(self, error: Exception) -> None:
         with self._lock:
             if not self.available:
                 return
@@ -387,14 +459,16 @@ class HostTier:
     # ---- lifecycle ----------------------------------------------------------------------------------
 
     def flush(self, timeout: float | None = None) -> None:
-        """Wait until every staged write-back and removal has reached the store (tests, shutdown)."""
+        """Wait until every staged write-back and removal has reached the store and every fetch started
+        has finished (tests, benchmarks, shutdown)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self._queue.unfinished_tasks:
+        while self._queue.unfinished_tasks or self._fetches:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError("host tier writes still pending")
             time.sleep(0.001)
 
     def close(self) -> None:
+        self._fetcher.shutdown(wait=True, cancel_futures=True)
         self._queue.put(None)
         self._writer.join(timeout=10)
         self.store.close()
