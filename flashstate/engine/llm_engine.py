@@ -28,7 +28,8 @@ from flashstate.engine.model_runner import ModelRunner
 from flashstate.engine.outputs import RequestOutput
 from flashstate.engine.scheduler import ScheduledBatch, Scheduler
 from flashstate.engine.sequence import Sequence
-from flashstate.engine.stop_checker import StopChecker
+from flashstate.engine.stop_checker import Finish, StopChecker
+from flashstate.engine.text_stream import TextStream
 from flashstate.models.loader import load_model
 from flashstate.models.spec import DTYPES
 from flashstate.sampling_params import SamplingParams
@@ -56,11 +57,35 @@ def cache_budget(config: EngineConfig, device: torch.device) -> int:
 
 @dataclass(slots=True)
 class _Request:
+    """What the engine keeps per request besides its Sequence.
+
+    A request with stop strings needs its text to know when it is done: its StopChecker runs in the step
+    loop (`stop`, `text`). Every other request is decided on token ids alone (`eos`, `stop_ids`,
+    `max_len`) and its text is detokenised by its TextStream when an output is read (`stream`)."""
+
     seq: Sequence
-    stop: StopChecker
     prompt: str | None
-    text: str = ""  # streamed so far: never holds a possible stop-string prefix
-    num_reported: int = 0  # generated tokens already reported
+    prompt_token_ids: list[int]  # one copy, shared by every output
+    stop: StopChecker | None = None
+    stream: TextStream | None = None
+    eos: frozenset[int] = frozenset()
+    stop_ids: frozenset[int] = frozenset()
+    max_len: int | None = None  # len(seq.token_ids) at which max_tokens is reached
+    text: str = ""  # with `stop`: streamed so far, never holding a possible stop-string prefix
+    num_reported: int = 0  # len(seq.token_ids) at the previous output
+
+    def finish_by_ids(self, token: int, length: int) -> Finish | None:
+        """The StopChecker's decision for a request without stop strings, on ids only."""
+        if token in self.eos:
+            return _EOS
+        if token in self.stop_ids:
+            return Finish("stop", token)
+        if self.max_len is not None and length >= self.max_len:
+            return _LENGTH
+        return None
+
+
+_EOS, _LENGTH = Finish("stop"), Finish("length")
 
 
 class LLMEngine:
@@ -192,13 +217,22 @@ class LLMEngine:
         seq = Sequence(request_id, token_ids, params)
         seq.hint_positions = sorted({p for p in checkpoint_positions or [] if 0 < p <= len(token_ids)})
         self.scheduler.add(seq)
-        stop = StopChecker(
+        checker = StopChecker(
             params,
             lambda ids: self.tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens),
             self.eos_token_ids,
             token_ids,
         )
-        self.requests[request_id] = _Request(seq, stop, text)
+        n = len(token_ids)
+        req = _Request(seq, text, list(token_ids), num_reported=n)
+        if params.stop:
+            req.stop = checker
+        else:
+            req.stream = TextStream(checker, seq.token_ids, n)
+            req.eos = frozenset(() if params.ignore_eos else self.eos_token_ids)
+            req.stop_ids = frozenset(params.stop_token_ids)
+            req.max_len = None if params.max_tokens is None else n + params.max_tokens
+        self.requests[request_id] = req
         return request_id
 
     def abort(self, request_id: str) -> RequestOutput | None:
@@ -231,6 +265,7 @@ class LLMEngine:
             seq = batch.seqs[i]
             self.cache.commit_export(seq, seq.num_computed_tokens + count, slot)
         outputs = []
+        requests = self.requests
         for seq, n, token, lp in zip(batch.seqs, batch.num_tokens, token_ids, logprobs, strict=True):
             stats = seq.stats
             if stats.first_scheduled_time is None:
@@ -240,40 +275,45 @@ class LLMEngine:
             seq.num_computed_tokens += n
             if token is None:
                 continue
-            req = self.requests[seq.request_id]
+            req = requests[seq.request_id]
             seq.token_ids.append(token)
             if seq.params.logprobs is not None:
                 seq.logprobs.append(lp)
             if stats.first_token_time is None:
                 stats.first_token_time = now
-            delta = req.stop.append(token)
-            req.text += delta
-            if req.stop.finished:
-                seq.stop_reason = req.stop.finish.stop_reason
-                self.scheduler.finish(seq, req.stop.finish.reason)
+            delta = ""
+            if req.stop is None:
+                finish = req.finish_by_ids(token, len(seq.token_ids))
+            else:
+                delta = req.stop.append(token)
+                req.text += delta
+                finish = req.stop.finish
+            if finish is not None:
+                seq.stop_reason = finish.stop_reason
+                self.scheduler.finish(seq, finish.reason)
                 stats.finished_time = now
-                del self.requests[seq.request_id]
+                del requests[seq.request_id]
             outputs.append(self._output(req, delta))
         return outputs
 
     def _output(self, req: _Request, delta_text: str) -> RequestOutput:
         seq = req.seq
-        generated = seq.output_token_ids
-        delta_ids = generated[req.num_reported :]
-        req.num_reported = len(generated)
+        end = len(seq.token_ids)
+        prev, req.num_reported = req.num_reported, end
         return RequestOutput(
-            request_id=seq.request_id,
-            prompt_token_ids=seq.prompt_token_ids,
-            token_ids=list(generated),
-            text=req.text,
-            delta_token_ids=delta_ids,
-            delta_text=delta_text,
-            finished=seq.is_finished,
-            finish_reason=seq.finish_reason,
-            stop_reason=seq.stop_reason,
-            logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
-            stats=seq.stats,
-            prompt=req.prompt,
+            seq.request_id,
+            req.prompt_token_ids,
+            seq.token_ids,
+            seq.num_prompt_tokens,
+            prev,
+            end,
+            seq.is_finished,
+            seq.finish_reason,
+            seq.stop_reason,
+            seq.logprobs if seq.params.logprobs is not None else None,
+            seq.stats,
+            req.prompt,
+            req.stream if req.stream is not None else (req.text, delta_text),
         )
 
     def reset_prefix_cache(self) -> int:
