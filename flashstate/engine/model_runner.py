@@ -7,15 +7,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from flashstate.engine.cache_tensors import CacheTensors
 from flashstate.engine.cuda_graph import DecodeGraphs
+from flashstate.engine.decode_inputs import DecodeInputs
 from flashstate.engine.scheduler import ScheduledBatch
 from flashstate.engine.sequence import Sequence
 from flashstate.layers.metadata import ForwardMetadata
-from flashstate.layers.sampler import Sampler, SamplingBatch
+from flashstate.layers.sampler import Sampler, SamplerOutput, SamplingBatch
 from flashstate.models.base import HybridForCausalLM
 
 logger = logging.getLogger(__name__)
@@ -36,25 +36,28 @@ class ModelRunner:
         self.device = device
         self.sampler = Sampler()
         self.graphs: DecodeGraphs | None = None
-        # request id -> (the block-table list it mirrors, its rows as an array, rows filled)
-        self._tables: dict[str, tuple[list[int], np.ndarray, int]] = {}
+        self.inputs: DecodeInputs | None = None  # pure-decode batches' persistent inputs
+        # The last batch's SamplingBatch, kept while the batch is the same sequences (kept alive: ids unique).
+        self._sampling: tuple[list[Sequence], list[int], SamplingBatch] | None = None
+        self._read_buffers: tuple[torch.Tensor, torch.Tensor] | None = None  # pinned: tokens, logprobs
         # Called with (request ids, logits [B, V]) of every sampling step; tests compare logits with it.
         self.on_logits: Callable[[list[str], torch.Tensor], None] | None = None
         caches.bind(model)
 
     def capture_graphs(self, max_batch: int, max_blocks_per_seq: int) -> bool:
-        """Capture decode graphs (CUDA only); False, staying eager, when the model cannot be captured."""
-        if self.device.type != "cuda" or not self.model.spec.cuda_graph_safe:
-            return False
-        graphs = DecodeGraphs(
-            self.model,
-            self.block_size,
+        """Keep persistent inputs for decode batches of up to max_batch sequences and, on CUDA, capture decode
+        graphs that read them; False, staying eager, when the model cannot be captured."""
+        self.inputs = DecodeInputs(
             max_batch,
             max_blocks_per_seq,
+            self.block_size,
             self.caches.pad_block,
             self.caches.pad_slot,
             self.device,
         )
+        if self.device.type != "cuda" or not self.model.spec.cuda_graph_safe:
+            return False
+        graphs = DecodeGraphs(self.model, self.inputs)
         start = time.perf_counter()
         try:
             graphs.capture()
@@ -88,69 +91,85 @@ class ModelRunner:
         )
         return torch.tensor(tokens, dtype=torch.long, device=self.device), meta
 
-    def _table(self, seq: Sequence) -> np.ndarray:
-        """seq.block_table as an array, extended in place as the list grows (decode adds a block every
-        block_size steps; rebuilding the whole table per step would cost more than the step)."""
-        table = seq.block_table
-        entry = self._tables.get(seq.request_id)
-        if entry is not None:
-            source, arr, filled = entry
-            if source is table and filled <= len(table) <= len(arr):
-                if len(table) > filled:
-                    arr[filled : len(table)] = table[filled:]
-                self._tables[seq.request_id] = (table, arr, len(table))
-                return arr[: len(table)]
-        arr = np.zeros(max(2 * len(table), 16), dtype=np.int64)
-        arr[: len(table)] = table
-        self._tables[seq.request_id] = (table, arr, len(table))
-        return arr[: len(table)]
-
-    def _graph_decode(self, batch: ScheduledBatch) -> torch.Tensor:
-        seqs = batch.seqs
-        tables = [self._table(s) for s in seqs]
-        if len(self._tables) > 4 * max(len(seqs), 16):
-            live = {s.request_id for s in seqs}
-            self._tables = {k: v for k, v in self._tables.items() if k in live}
-        return self.graphs.run(
-            [s.token_ids[s.num_computed_tokens] for s in seqs],
-            [s.num_computed_tokens for s in seqs],
-            tables,
-            [s.state_slot for s in seqs],
-            [s.num_computed_tokens > 0 for s in seqs],
-        )
-
-    def _uses_graph(self, batch: ScheduledBatch) -> bool:
+    def _is_decode(self, batch: ScheduledBatch) -> bool:
+        """One token per sequence, each sampling, nothing exported: the persistent inputs can run it."""
         return (
-            self.graphs is not None
+            self.inputs is not None
             and not batch.exports
-            and self.graphs.fits(len(batch))
+            and len(batch) <= self.inputs.max_batch
             and all(n == 1 for n in batch.num_tokens)
             and all(batch.samples(i) for i in range(len(batch)))
         )
 
+    def _decode(self, seqs: list[Sequence]) -> torch.Tensor:
+        n = len(seqs)
+        graphs = self.graphs if self.graphs is not None and self.graphs.fits(n) else None
+        bs = graphs.padded(n) if graphs is not None else n
+        self.inputs.prepare(seqs, bs)
+        self.inputs.upload(bs)
+        if graphs is not None:
+            return graphs.replay(n)
+        hidden = self.model(self.inputs.input_ids(n), self.inputs.metadata(n))
+        return self.model.compute_logits(hidden).float()
+
+    def _sampling_batch(self, seqs: list[Sequence]) -> SamplingBatch:
+        ids = list(map(id, seqs))
+        if self._sampling is None or self._sampling[1] != ids:
+            batch = SamplingBatch.build([(s.params, s.generator) for s in seqs], device=self.device)
+            self._sampling = (list(seqs), ids, batch)
+        return self._sampling[2]
+
+    def _read(self, sampled: SamplerOutput, logprobs: bool) -> tuple[list[int], list[float] | None]:
+        """The sampled tokens (and logprobs when asked) on the host: one wait for the device."""
+        if self.device.type != "cuda":
+            return sampled.token_ids.tolist(), sampled.logprobs.tolist() if logprobs else None
+        n = sampled.token_ids.shape[0]
+        if self._read_buffers is None or self._read_buffers[0].shape[0] < n:
+            size = max(n, 64)
+            self._read_buffers = (
+                torch.empty(size, dtype=torch.int64, pin_memory=True),
+                torch.empty(size, dtype=torch.float32, pin_memory=True),
+            )
+        tokens, lps = (b[:n] for b in self._read_buffers)
+        tokens.copy_(sampled.token_ids, non_blocking=True)
+        if logprobs:
+            lps.copy_(sampled.logprobs, non_blocking=True)
+        torch.cuda.current_stream(self.device).synchronize()
+        return tokens.tolist(), lps.tolist() if logprobs else None
+
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> StepOutput:
         start = time.perf_counter()
-        if self._uses_graph(batch):
-            rows = list(range(len(batch)))
-            logits = self._graph_decode(batch)
+        n = len(batch)
+        if self._is_decode(batch):
+            rows = None  # every sequence samples
+            seqs = batch.seqs
+            logits = self._decode(seqs)
         else:
             input_ids, meta = self.build_metadata(batch)
             hidden = self.model(input_ids, meta)
-            rows = [i for i in range(len(batch)) if batch.samples(i)]
+            rows = [i for i in range(n) if batch.samples(i)]
+            seqs = [batch.seqs[i] for i in rows]
             if rows:
                 last = meta.cu_seqlens[1:][torch.tensor(rows, device=self.device)] - 1
                 logits = self.model.compute_logits(hidden[last]).float()
-        token_ids: list[int | None] = [None] * len(batch)
-        logprobs: list[float | None] = [None] * len(batch)
-        if rows:
-            seqs = [batch.seqs[i] for i in rows]
+        token_ids: list[int | None] = [None] * n
+        logprobs: list[float | None] = [None] * n
+        if seqs:
             if self.on_logits is not None:
                 self.on_logits([s.request_id for s in seqs], logits)
-            sampling = SamplingBatch.build([(s.params, s.generator) for s in seqs], device=self.device)
-            sampled = self.sampler(logits, sampling)
-            for i, t, lp in zip(rows, sampled.token_ids.tolist(), sampled.logprobs.tolist(), strict=True):
-                token_ids[i], logprobs[i] = t, lp
-        if self.device.type == "cuda":
+            sampled = self.sampler(logits, self._sampling_batch(seqs))
+            want = any(s.params.logprobs is not None for s in seqs)
+            tokens, lps = self._read(sampled, want)
+            if rows is None:
+                token_ids = tokens
+                if lps is not None:
+                    logprobs = lps
+            else:
+                for j, i in enumerate(rows):
+                    token_ids[i] = tokens[j]
+                    if lps is not None:
+                        logprobs[i] = lps[j]
+        elif self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return StepOutput(token_ids, logprobs, time.perf_counter() - start)
