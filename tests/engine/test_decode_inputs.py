@@ -59,7 +59,7 @@ def test_rows_follow_the_batch_through_growth_replacement_reorder_and_membership
     inputs = DecodeInputs(8, 64, BLOCK, PAD_BLOCK, PAD_SLOT, torch.device("cpu"))
     pool = [_seq(rng, slot) for slot in range(12)]
     batch = pool[:5]
-    for step in range(200):
+    for _ in range(200):
         for seq in batch:
             _advance(rng, seq)
         event = rng.random()
