@@ -103,8 +103,11 @@ class DecodeInputs:
         h[_STATE_SLOTS, start:stop] = self.pad_slot
         self._state[start:stop] = False
 
-    def prepare(self, seqs: Seq[Sequence], bs: int) -> None:
-        """Fill rows [0, len(seqs)) for one decode token of each sequence and pad rows up to bs."""
+    def prepare(self, seqs: Seq[Sequence], bs: int, ahead: bool = False) -> None:
+        """Fill rows [0, len(seqs)) for one decode token of each sequence and pad rows up to bs.
+
+        `ahead`: the step after the one in flight, whose tokens are not known yet: positions are one further
+        and the input ids are left for `feed` to write on the device."""
         n = len(seqs)
         if self._uploaded is not None:  # the last upload may still be reading the host buffers
             self._uploaded.synchronize()
@@ -123,10 +126,13 @@ class DecodeInputs:
             self._grown.append((row, first, stop))
         h = self._ints
         pos = np.fromiter((s.num_computed_tokens for s in seqs), dtype=np.int64, count=n)
+        if ahead:
+            pos += 1
+        else:
+            h[_INPUT_IDS, :n] = np.fromiter(
+                (s.token_ids[s.num_computed_tokens] for s in seqs), dtype=np.int64, count=n
+            )
         h[_POSITIONS, :n] = pos
-        h[_INPUT_IDS, :n] = np.fromiter(
-            (s.token_ids[s.num_computed_tokens] for s in seqs), dtype=np.int64, count=n
-        )
         h[_CONTEXT_LENS, :n] = pos + 1
         bt = self.block_size
         h[_SLOT_MAPPING, :n] = self._tables[np.arange(n), pos // bt] * bt + pos % bt
@@ -164,6 +170,19 @@ class DecodeInputs:
         self._filled[row] = len(table)
         self._sources[row] = table
         self._full_upload = True
+
+    def feed(self, token_ids: Tensor, stop_ids: Tensor | None) -> None:
+        """After `upload` of an `ahead` batch: the input ids are the previous step's sampled `token_ids` [n]
+        (on the device); a row whose token is one of its `stop_ids` [n, K] (-1 padded) ends its request,
+        so its step runs into the pad block and pad slot and no live KV or state is touched."""
+        n = token_ids.shape[0]
+        self.ints[_INPUT_IDS, :n] = token_ids
+        if stop_ids is None:
+            return
+        done = (token_ids[:, None] == stop_ids).any(dim=1)
+        self.ints[_STATE_SLOTS, :n].masked_fill_(done, self.pad_slot)
+        self.ints[_SLOT_MAPPING, :n].masked_fill_(done, self.pad_block * self.block_size)
+        self.has_state[:n].masked_fill_(done, False)
 
     def upload(self, bs: int) -> None:
         """Copy the prepared rows to the device (CUDA; nothing to do on the CPU)."""

@@ -24,7 +24,7 @@ from flashstate.cache.state_pool import StatePool
 from flashstate.config import EngineConfig
 from flashstate.engine.cache_tensors import CacheTensors
 from flashstate.engine.calibration import load_or_calibrate, max_calibration_tokens
-from flashstate.engine.model_runner import ModelRunner
+from flashstate.engine.model_runner import InFlight, ModelRunner
 from flashstate.engine.outputs import RequestOutput
 from flashstate.engine.scheduler import ScheduledBatch, Scheduler
 from flashstate.engine.sequence import Sequence
@@ -110,6 +110,7 @@ class LLMEngine:
         except BaseException:
             self.close()
             raise
+        self._in_flight: tuple[ScheduledBatch, InFlight] | None = None  # a decode step launched ahead
         tp = config.tensor_parallel_size
         logger.info(
             "%s on %s (%s, tensor parallel %d): %s",
@@ -250,11 +251,73 @@ class LLMEngine:
     # ---- the loop -------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        if self._in_flight is not None:
+            batch, flight = self._in_flight
+            self._in_flight = None
+            return self._pipeline(batch, flight)
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return []
+        if self._may_pipeline() and self.runner.is_decode(batch):
+            return self._pipeline(batch, self.runner.launch(batch))
         out = self.runner.run(batch)
         return self._postprocess(batch, out.token_ids, out.logprobs, out.seconds)
+
+    # ---- async scheduling: launch step n+1 while step n runs ---------------------------------------
+    #
+    # Step n (a pure decode batch) is on the device. Before reading its tokens, the sequences that surely
+    # go on (not at max_tokens) get their next block allocated and step n+1 is launched, its inputs being
+    # step n's sampled tokens on the device. A sequence whose step-n token is a stop id (eos or
+    # stop_token_ids) runs step n+1 into the pad block and slot, so its KV and the state the prefix cache
+    # commits at its end are untouched; its step-n+1 row is dropped when read, as is the row of a request
+    # aborted meanwhile. Anything else that could make step n+1 differ from what `schedule()` would pick
+    # (stop strings, which need text; a waiting request that could be admitted; a sequence outside the
+    # batch; a block the cache cannot give without preempting) makes the engine read step n first.
+
+    def _may_pipeline(self) -> bool:
+        return (
+            self.config.async_scheduling
+            and self.runner.inputs is not None
+            and self.runner.on_logits is None
+            and self.cache.pages is None
+        )
+
+    def _pipeline(self, batch: ScheduledBatch, flight: InFlight) -> list[RequestOutput]:
+        """`batch` runs on the device as `flight`: launch the step after it if that is safe, then read and
+        post-process `batch`."""
+        nxt = self._next_decode(batch) if self._may_pipeline() else None
+        if nxt is not None:
+            stops = [self.requests[s.request_id].eos | self.requests[s.request_id].stop_ids for s in nxt.seqs]
+            self._in_flight = (nxt, self.runner.launch_ahead(nxt.seqs, flight, stops))
+        out = self.runner.collect(flight)
+        live = [i for i, s in enumerate(batch.seqs) if not s.is_finished]
+        if len(live) < len(batch):  # stopped by their previous token (this row ran masked) or aborted
+            batch = ScheduledBatch([batch.seqs[i] for i in live], [1] * len(live))
+            out.token_ids = [out.token_ids[i] for i in live]
+            out.logprobs = [out.logprobs[i] for i in live]
+        return self._postprocess(batch, out.token_ids, out.logprobs, out.seconds)
+
+    def _next_decode(self, batch: ScheduledBatch) -> ScheduledBatch | None:
+        """The decode batch after `batch` (whose tokens are not read yet), if it is what `schedule()` would
+        give; its blocks allocated. None: read `batch` first and let the scheduler decide."""
+        sched = self.scheduler
+        if sched.waiting and len(sched.running) < sched.max_num_seqs:
+            return None
+        seqs = [s for s in batch.seqs if not s.is_finished]
+        if len(seqs) != len(sched.running):
+            return None
+        nxt = []
+        for seq in seqs:
+            req = self.requests[seq.request_id]
+            if req.stop is not None or seq.num_computed_tokens + 2 > self.max_model_len:
+                return None
+            if req.max_len is None or len(seq.token_ids) + 1 < req.max_len:
+                nxt.append(seq)
+        if not nxt or len(nxt) > self.runner.inputs.max_batch:
+            return None
+        if not all(self.cache.allocate(seq, 2) for seq in nxt):
+            return None  # blocks already taken stay with their sequences: the next schedule() needs them
+        return ScheduledBatch(nxt, [1] * len(nxt))
 
     def _postprocess(
         self, batch: ScheduledBatch, token_ids: list[int | None], logprobs: list[float | None], seconds: float

@@ -15,10 +15,22 @@ from flashstate.engine.decode_inputs import DecodeInputs
 from flashstate.engine.scheduler import ScheduledBatch
 from flashstate.engine.sequence import Sequence
 from flashstate.layers.metadata import ForwardMetadata
-from flashstate.layers.sampler import Sampler, SamplerOutput, SamplingBatch
+from flashstate.layers.sampler import Sampler, SamplingBatch
 from flashstate.models.base import HybridForCausalLM
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class InFlight:
+    """A decode step launched on the device whose sampled tokens are not read yet."""
+
+    seqs: list[Sequence]
+    sampled: torch.Tensor  # [n] int64 on the device: feeds a step launched ahead
+    tokens: torch.Tensor  # [n] int64 host (pinned on CUDA), valid once `done` has passed
+    logprobs: torch.Tensor | None  # [n] fp32 host; None when no sequence asked
+    done: torch.cuda.Event | None
+    start: float
 
 
 @dataclass(slots=True)
@@ -39,7 +51,11 @@ class ModelRunner:
         self.inputs: DecodeInputs | None = None  # pure-decode batches' persistent inputs
         # The last batch's SamplingBatch, kept while the batch is the same sequences (kept alive: ids unique).
         self._sampling: tuple[list[Sequence], list[int], SamplingBatch] | None = None
-        self._read_buffers: tuple[torch.Tensor, torch.Tensor] | None = None  # pinned: tokens, logprobs
+        # Two pinned (tokens, logprobs) pairs, alternating: a step launched ahead writes one while the
+        # host reads the other.
+        self._read_buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._read_turn = 0
+        self._stops: tuple[list[Sequence], list[int], torch.Tensor | None] | None = None
         # Called with (request ids, logits [B, V]) of every sampling step; tests compare logits with it.
         self.on_logits: Callable[[list[str], torch.Tensor], None] | None = None
         caches.bind(model)
@@ -91,7 +107,7 @@ class ModelRunner:
         )
         return torch.tensor(tokens, dtype=torch.long, device=self.device), meta
 
-    def _is_decode(self, batch: ScheduledBatch) -> bool:
+    def is_decode(self, batch: ScheduledBatch) -> bool:
         """One token per sequence, each sampling, nothing exported: the persistent inputs can run it."""
         return (
             self.inputs is not None
@@ -119,57 +135,109 @@ class ModelRunner:
             self._sampling = (list(seqs), ids, batch)
         return self._sampling[2]
 
-    def _read(self, sampled: SamplerOutput, logprobs: bool) -> tuple[list[int], list[float] | None]:
-        """The sampled tokens (and logprobs when asked) on the host: one wait for the device."""
+    def _launch_sampling(self, seqs: list[Sequence], logits: torch.Tensor, start: float) -> InFlight:
+        sampled = self.sampler(logits, self._sampling_batch(seqs))
+        want = any(s.params.logprobs is not None for s in seqs)
         if self.device.type != "cuda":
-            return sampled.token_ids.tolist(), sampled.logprobs.tolist() if logprobs else None
-        n = sampled.token_ids.shape[0]
-        if self._read_buffers is None or self._read_buffers[0].shape[0] < n:
-            size = max(n, 64)
-            self._read_buffers = (
-                torch.empty(size, dtype=torch.int64, pin_memory=True),
-                torch.empty(size, dtype=torch.float32, pin_memory=True),
+            return InFlight(
+                seqs, sampled.token_ids, sampled.token_ids, sampled.logprobs if want else None, None, start
             )
-        tokens, lps = (b[:n] for b in self._read_buffers)
+        n = len(seqs)
+        if not self._read_buffers or self._read_buffers[0][0].shape[0] < n:
+            size = max(n, 64)
+            self._read_buffers = [
+                (
+                    torch.empty(size, dtype=torch.int64, pin_memory=True),
+                    torch.empty(size, dtype=torch.float32, pin_memory=True),
+                )
+                for _ in range(2)
+            ]
+        tokens, lps = (b[:n] for b in self._read_buffers[self._read_turn])
+        self._read_turn ^= 1
         tokens.copy_(sampled.token_ids, non_blocking=True)
-        if logprobs:
+        if want:
             lps.copy_(sampled.logprobs, non_blocking=True)
-        torch.cuda.current_stream(self.device).synchronize()
-        return tokens.tolist(), lps.tolist() if logprobs else None
+        done = torch.cuda.Event()
+        done.record()
+        return InFlight(seqs, sampled.token_ids, tokens, lps if want else None, done, start)
+
+    @torch.inference_mode()
+    def launch(self, batch: ScheduledBatch) -> InFlight:
+        """Start a decode batch (`is_decode`) on the device; `collect` reads its tokens."""
+        start = time.perf_counter()
+        return self._launch_sampling(batch.seqs, self._decode(batch.seqs), start)
+
+    @torch.inference_mode()
+    def launch_ahead(self, seqs: list[Sequence], prev: InFlight, stop_ids: list[frozenset[int]]) -> InFlight:
+        """Start the decode step after `prev` for `seqs` (a subsequence of prev.seqs) before prev's tokens are
+        read: each input is prev's sampled token, on the device. A row whose token is one of its
+        `stop_ids` ends there: it runs into the pad block and slot, and its token is to be discarded."""
+        start = time.perf_counter()
+        n = len(seqs)
+        graphs = self.graphs if self.graphs is not None and self.graphs.fits(n) else None
+        bs = graphs.padded(n) if graphs is not None else n
+        self.inputs.prepare(seqs, bs, ahead=True)
+        self.inputs.upload(bs)
+        rows = {id(s): i for i, s in enumerate(prev.seqs)}
+        src = [rows[id(s)] for s in seqs]
+        if src == list(range(n)):
+            tokens = prev.sampled[:n]
+        else:
+            tokens = prev.sampled[torch.tensor(src, dtype=torch.long, device=self.device)]
+        self.inputs.feed(tokens, self._stop_table(seqs, stop_ids))
+        if graphs is not None:
+            logits = graphs.replay(n)
+        else:
+            logits = self.model.compute_logits(
+                self.model(self.inputs.input_ids(n), self.inputs.metadata(n))
+            ).float()
+        return self._launch_sampling(seqs, logits, start)
+
+    def _stop_table(self, seqs: list[Sequence], stop_ids: list[frozenset[int]]) -> torch.Tensor | None:
+        """[n, K] stop ids per row, -1 padded (None when no row has any), kept while the rows are the same."""
+        ids = list(map(id, seqs))
+        if self._stops is None or self._stops[1] != ids:
+            width = max(map(len, stop_ids), default=0)
+            table = None
+            if width:
+                rows = [sorted(s) + [-1] * (width - len(s)) for s in stop_ids]
+                table = torch.tensor(rows, dtype=torch.int64, device=self.device)
+            self._stops = (list(seqs), ids, table)
+        return self._stops[2]
+
+    def collect(self, flight: InFlight) -> StepOutput:
+        """Wait for a launched step and read its tokens (and logprobs when asked)."""
+        if flight.done is not None:
+            flight.done.synchronize()
+        tokens = flight.tokens.tolist()
+        lps = flight.logprobs.tolist() if flight.logprobs is not None else [None] * len(tokens)
+        return StepOutput(tokens, lps, time.perf_counter() - flight.start)
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> StepOutput:
         start = time.perf_counter()
         n = len(batch)
-        if self._is_decode(batch):
-            rows = None  # every sequence samples
-            seqs = batch.seqs
-            logits = self._decode(seqs)
+        if self.is_decode(batch) and self.on_logits is None:
+            return self.collect(self.launch(batch))
+        if self.is_decode(batch):
+            rows = list(range(n))
+            logits = self._decode(batch.seqs)
         else:
             input_ids, meta = self.build_metadata(batch)
             hidden = self.model(input_ids, meta)
             rows = [i for i in range(n) if batch.samples(i)]
-            seqs = [batch.seqs[i] for i in rows]
             if rows:
                 last = meta.cu_seqlens[1:][torch.tensor(rows, device=self.device)] - 1
                 logits = self.model.compute_logits(hidden[last]).float()
         token_ids: list[int | None] = [None] * n
         logprobs: list[float | None] = [None] * n
-        if seqs:
+        if rows:
+            seqs = [batch.seqs[i] for i in rows]
             if self.on_logits is not None:
                 self.on_logits([s.request_id for s in seqs], logits)
-            sampled = self.sampler(logits, self._sampling_batch(seqs))
-            want = any(s.params.logprobs is not None for s in seqs)
-            tokens, lps = self._read(sampled, want)
-            if rows is None:
-                token_ids = tokens
-                if lps is not None:
-                    logprobs = lps
-            else:
-                for j, i in enumerate(rows):
-                    token_ids[i] = tokens[j]
-                    if lps is not None:
-                        logprobs[i] = lps[j]
+            out = self.collect(self._launch_sampling(seqs, logits, start))
+            for j, i in enumerate(rows):
+                token_ids[i], logprobs[i] = out.token_ids[j], out.logprobs[j]
         elif self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return StepOutput(token_ids, logprobs, time.perf_counter() - start)
