@@ -3,6 +3,10 @@
 batch = scheduler.schedule()
 out = model_runner.run(batch)
 postprocess(batch, out)          # advance computed lengths, append tokens, stop checks, retire
+
+With async scheduling a pure decode step is launched before the previous step's tokens are read (see
+`_pipeline`); text is detokenised when an output is read (TextStream), except for requests with stop
+strings.
 """
 
 from __future__ import annotations
