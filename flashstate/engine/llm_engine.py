@@ -313,10 +313,13 @@ class LLMEngine:
         nxt = []
         for seq in seqs:
             req = self.requests[seq.request_id]
-            if req.stop is not None or seq.num_computed_tokens + 2 > self.max_model_len:
+            if req.stop is not None:
                 return None
-            if req.max_len is None or len(seq.token_ids) + 1 < req.max_len:
-                nxt.append(seq)
+            if req.max_len is not None and len(seq.token_ids) + 1 >= req.max_len:
+                continue  # the token in flight is its last
+            if seq.num_computed_tokens + 2 > self.max_model_len:
+                return None
+            nxt.append(seq)
         if not nxt or len(nxt) > self.runner.inputs.max_batch:
             return None
         if not all(self.cache.allocate(seq, 2) for seq in nxt):

@@ -30,3 +30,25 @@ def test_graph_decode_equals_eager_decode(tiny_model_dir):
         outs[eager] = [o.token_ids for o in llm.generate(prompts, params)]
         llm.engine.check_integrity()
     assert outs[True] == outs[False]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_graph_decode_with_async_scheduling_equals_synchronous(tiny_model_dir):
+    prompts = [[(7 * i + j) % 1900 + 50 for i in range(30 + 41 * j)] for j in range(6)]
+    params = [
+        SamplingParams(temperature=0, max_tokens=20 + 9 * j, stop_token_ids=list(range(50, 2000, 13)))
+        for j in range(6)
+    ]
+    outs = {}
+    for mode in (False, True):
+        llm = LLM(
+            str(tiny_model_dir),
+            device="cuda",
+            async_scheduling=mode,
+            max_num_seqs=4,
+            prefill_cost_coefficients=(1e-6, 0.0),
+        )
+        assert llm.engine.runner.graphs is not None
+        outs[mode] = [(o.token_ids, o.finish_reason, o.stop_reason) for o in llm.generate(prompts, params)]
+        llm.engine.check_integrity()
+    assert outs[True] == outs[False]
