@@ -104,6 +104,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         default=d.enforce_eager,
         help="run decode steps eagerly (no CUDA graphs)",
     )
+    g.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=d.async_scheduling,
+        help="prepare and launch the next decode step while the current one runs on the device",
+    )
 
 
 def add_cache_args(p: argparse.ArgumentParser) -> None:

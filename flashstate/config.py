@@ -53,6 +53,9 @@ class EngineConfig:
     max_waiting_requests: int = 1024  # beyond this the server answers 503
     tensor_parallel_size: int = 1  # ranks (GPUs: cuda:k..k+N-1) the model's heads are split over
     enforce_eager: bool = False  # no CUDA graphs for decode
+    # Pure-decode steps: launch step n+1 before reading step n's tokens (the engine falls back to synchronous
+    # steps whenever that could change what is computed: stop strings, admissions, preemption...).
+    async_scheduling: bool = True
     max_request_body_bytes: int = 32 << 20  # larger request bodies get 413
 
     @property

@@ -1,7 +1,7 @@
 """The engine on the H200 with a ~2B benchmark preset: correctness first, then prefill, decode, in-chunk
 export and checkpoint copy timings against the card's measured ceilings (issue 7).
 
-    PYTHONPATH=. python benchmarks/gpu/model_bench.py [--preset qwen3-next-2b] [--quick]
+    PYTHONPATH=. python benchmarks/gpu/model_bench.py [--preset qwen3-next-2b] [--no-async-scheduling]
 
 Writes $OUT/model_bench_<preset>.json and prints one table last. Every timing goes through the engine's
 own objects (paged KV pool, state pool, ModelRunner, CUDA graphs), not bare kernels.
@@ -156,26 +156,43 @@ def bench_export(model_dir: Path, n: int, out: dict) -> None:
     torch.cuda.empty_cache()
 
 
+_ACTIVE: set[str] = set()
+
+
 def _timed(obj, name: str, totals: dict[str, float], key: str) -> None:
-    """Wrap obj.name so its wall time accumulates in totals[key]."""
+    """Wrap obj.name so its wall time accumulates in totals[key] (a call inside another timed call under the
+    same key, e.g. runner.run calling runner.launch, is not counted twice)."""
     fn = getattr(obj, name)
+    active = _ACTIVE
 
     def wrapper(*args, **kwargs):
+        if key in active:
+            return fn(*args, **kwargs)
+        active.add(key)
         t = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
+            active.discard(key)
             totals[key] += time.perf_counter() - t
 
     setattr(obj, name, wrapper)
 
 
-def bench_decode(model_dir: Path, batches: list[int], context: int, copy_rate: float, out: dict) -> None:
+def bench_decode(
+    model_dir: Path,
+    batches: list[int],
+    context: int,
+    copy_rate: float,
+    out: dict,
+    async_scheduling: bool = True,
+) -> None:
     """`b` sequences decoding at `context` tokens: they share one 32k-token cached prefix (a prefix hit each,
     so building the batch costs one prefill), then each decodes; every step goes through engine.step().
     The step is split into: scheduling, the runner (its graph/eager forward, then sampling, whose result
-    read waits for the GPU), and postprocessing (stop checks, detokenisation, outputs); the graph replay
-    alone is timed with CUDA events afterwards, on the batch's own inputs."""
+    read waits for the GPU; with async scheduling also the launch of the next step), and postprocessing
+    (stop checks on token ids, outputs; detokenisation happens when an output's text is read); the graph
+    replay alone is timed with CUDA events afterwards, on the batch's own inputs."""
     rows = []
     for eager in (False, True):
         llm = make_llm(
@@ -185,11 +202,14 @@ def bench_decode(model_dir: Path, batches: list[int], context: int, copy_rate: f
             max_num_seqs=max(batches),
             enforce_eager=eager,
             kv_cache_memory_bytes=40 << 30,
+            async_scheduling=async_scheduling,
         )
         engine = llm.engine
         totals: dict[str, float] = defaultdict(float)
         _timed(engine.scheduler, "schedule", totals, "schedule")
-        _timed(engine.runner, "run", totals, "runner")
+        # A pipelined decode step (async scheduling) goes through launch / launch_ahead / collect, not run.
+        for name in ("run", "launch", "launch_ahead", "collect"):
+            _timed(engine.runner, name, totals, "runner")
         _timed(engine.runner.sampler, "forward", totals, "sampler")
         _timed(engine, "_postprocess", totals, "postprocess")
         base = prompt(context - 1, 12)
@@ -233,6 +253,7 @@ def bench_decode(model_dir: Path, batches: list[int], context: int, copy_rate: f
                 "batch": b,
                 "context": context,
                 "cuda_graphs": not eager,
+                "async_scheduling": async_scheduling,
                 "step_s": step,
                 "floor_s": floor,
                 "step_over_floor": step / floor,
@@ -254,6 +275,7 @@ def main() -> None:
     p.add_argument("--prefill", default="8192,32768,131072")
     p.add_argument("--decode-batches", default="1,16,64")
     p.add_argument("--decode-context", type=int, default=32768)
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--skip", default="", help="comma list of: oracle,paths,prefill,export,decode")
     a = p.parse_args()
     skip = set(a.skip.split(","))
@@ -280,6 +302,7 @@ def main() -> None:
                 a.decode_context,
                 out["copy_gb_per_s"] * 1e9,
                 out,
+                a.async_scheduling,
             ),
         ),
     ]
@@ -315,7 +338,8 @@ def main() -> None:
             )
         extra += "  " + " ".join(f"{k} {v * 1e3:.2f}" for k, v in r["parts_s"].items())
         print(
-            f"decode b={r['batch']:>3} graphs={r['cuda_graphs']!s:5}: {r['step_s'] * 1e3:7.2f} ms/step  "
+            f"decode b={r['batch']:>3} graphs={r['cuda_graphs']!s:5} async={r['async_scheduling']!s:5}: "
+            f"{r['step_s'] * 1e3:7.2f} ms/step  "
             f"floor {r['floor_s'] * 1e3:6.2f} ms  ×{r['step_over_floor']:.2f}{extra}"
         )
     if "export" in out:

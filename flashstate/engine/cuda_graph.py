@@ -1,9 +1,9 @@
 """CUDA graphs for decode batches: one captured forward (model + logits) per padded batch size.
 
-A graph reads its inputs from static device buffers; before a replay the runner writes the batch into
-pinned host staging buffers and copies them over in one transfer per buffer. Rows past the batch are
-padding: they decode token 0 at position 0 into the reserved pad block and pad slot (rows that belong
-to no pool), with no initial state, so a replay never touches a live sequence's KV or state.
+A graph reads its inputs from the static device buffers of a DecodeInputs (decode_inputs.py), which the
+runner prepares and uploads before a replay. Rows past the batch are padding: they decode token 0 at
+position 0 into the reserved pad block and pad slot (rows that belong to no pool), with no initial state,
+so a replay never touches a live sequence's KV or state.
 
 A model whose decode forward cannot be captured (an op that synchronises with the host, such as an MoE
 router that looks up the selected experts) raises during capture; the runner then stays eager.
@@ -11,11 +11,10 @@ router that looks up the selected experts) raises during capture; the runner the
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from flashstate.layers.metadata import ForwardMetadata
+from flashstate.engine.decode_inputs import DecodeInputs
 from flashstate.models.base import HybridForCausalLM
 
 
@@ -28,76 +27,25 @@ def capture_sizes(max_batch: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(
-        self,
-        model: HybridForCausalLM,
-        block_size: int,
-        max_batch: int,
-        max_blocks_per_seq: int,
-        pad_block: int,
-        pad_slot: int,
-        device: torch.device,
-    ):
+    def __init__(self, model: HybridForCausalLM, inputs: DecodeInputs):
+        """The graphs read `inputs`' device buffers: prepare and upload the batch there before a replay."""
         self.model = model
-        self.block_size = block_size
-        self.sizes = capture_sizes(max_batch)
+        self.inputs = inputs
+        self.sizes = capture_sizes(inputs.max_batch)
         self.max_batch = self.sizes[-1]
-        self.pad_block, self.pad_slot = pad_block, pad_slot
-        self.device = device
-        n, w = self.max_batch, max_blocks_per_seq
-
-        def pinned(*shape: int, dtype: torch.dtype = torch.int64) -> Tensor:
-            return torch.zeros(shape, dtype=dtype, pin_memory=True)
-
-        # host staging | device buffer, one pair per input
-        self._host = {
-            "input_ids": pinned(n),
-            "positions": pinned(n),
-            "context_lens": pinned(n),
-            "slot_mapping": pinned(n),
-            "state_slots": pinned(n),
-            "has_initial_state": pinned(n, dtype=torch.bool),
-        }
-        self._dev = {k: v.to(device) for k, v in self._host.items()}
-        self._np = {k: v.numpy() for k, v in self._host.items()}
-        # Block tables travel compact ([bs, widest table used]) and are spread on the device: the full
-        # [max_batch, max_blocks_per_seq] buffer is megabytes at long max_model_len.
-        self._tables_host = pinned(n * w)
-        self._tables_stage = torch.zeros(n * w, dtype=torch.int64, device=device)
-        self._dev["block_tables"] = torch.zeros(n, w, dtype=torch.int64, device=device)
-        self._table_shape = (0, 0)
-        self._cu = torch.arange(n + 1, dtype=torch.int64, device=device)
-        self._empty = torch.zeros(0, dtype=torch.int64, device=device)
+        self.device = inputs.device
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._logits: dict[int, Tensor] = {}
         self._pool = None
 
-    def _meta(self, bs: int) -> ForwardMetadata:
-        d = self._dev
-        return ForwardMetadata(
-            cu_seqlens=self._cu[: bs + 1],
-            positions=d["positions"][:bs],
-            context_lens=d["context_lens"][:bs],
-            slot_mapping=d["slot_mapping"][:bs],
-            block_tables=d["block_tables"][:bs],
-            block_size=self.block_size,
-            state_slots=d["state_slots"][:bs],
-            has_initial_state=d["has_initial_state"][:bs],
-            export_token_ids=self._empty,
-            export_slots=self._empty,
-            query_lens_cpu=[1] * bs,
-        )
-
     def _forward(self, bs: int) -> Tensor:
-        hidden = self.model(self._dev["input_ids"][:bs], self._meta(bs))
+        hidden = self.model(self.inputs.input_ids(bs), self.inputs.metadata(bs))
         return self.model.compute_logits(hidden).float()
 
     @torch.inference_mode()
     def capture(self) -> None:
-        self._pad_rows(0, self.max_batch)
-        self._tables_host.fill_(self.pad_block)
-        self._table_shape = (self.max_batch, self._dev["block_tables"].shape[1])
-        self._upload()
+        self.inputs.pad(0, self.max_batch)
+        self.inputs.upload(self.max_batch)
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
@@ -116,61 +64,12 @@ class DecodeGraphs:
     def fits(self, batch_size: int) -> bool:
         return bool(self._graphs) and batch_size <= self.max_batch
 
-    def _fill(
-        self,
-        tokens: list[int],
-        positions: list[int],
-        tables: list[np.ndarray],
-        state_slots: list[int],
-        has_state: list[bool],
-    ) -> int:
-        n = len(tokens)
-        bs = next(s for s in self.sizes if s >= max(n, 1))
-        h = self._np
-        h["input_ids"][:n] = tokens
-        h["positions"][:n] = positions
-        h["context_lens"][:n] = np.asarray(positions, dtype=np.int64) + 1
-        h["state_slots"][:n] = state_slots
-        h["has_initial_state"][:n] = has_state
-        bt = self.block_size
-        width = max((len(t) for t in tables), default=1)
-        compact = self._tables_host.numpy()[: bs * width].reshape(bs, width)
-        compact[:] = self.pad_block
-        for i, (table, p) in enumerate(zip(tables, positions, strict=True)):
-            compact[i, : len(table)] = table
-            h["slot_mapping"][i] = table[p // bt] * bt + p % bt
-        self._table_shape = (bs, width)
-        self._pad_rows(n, bs)
-        return bs
+    def padded(self, batch_size: int) -> int:
+        """The captured batch size a batch of batch_size sequences runs at."""
+        return next(s for s in self.sizes if s >= max(batch_size, 1))
 
-    def _pad_rows(self, start: int, stop: int) -> None:
-        h = self._np
-        h["input_ids"][start:stop] = 0
-        h["positions"][start:stop] = 0
-        h["context_lens"][start:stop] = 1
-        h["state_slots"][start:stop] = self.pad_slot
-        h["has_initial_state"][start:stop] = False
-        h["slot_mapping"][start:stop] = self.pad_block * self.block_size
-
-    def _upload(self) -> None:
-        for k, host in self._host.items():
-            self._dev[k].copy_(host, non_blocking=True)
-        bs, width = self._table_shape
-        self._tables_stage[: bs * width].copy_(self._tables_host[: bs * width], non_blocking=True)
-        self._dev["block_tables"][:bs, :width].copy_(self._tables_stage[: bs * width].view(bs, width))
-
-    def run(
-        self,
-        tokens: list[int],
-        positions: list[int],
-        tables: list[np.ndarray],
-        state_slots: list[int],
-        has_state: list[bool],
-    ) -> Tensor:
-        """Decode one token for each of len(tokens) sequences → logits [n, V] (fp32)."""
-        # The previous replay may still read the staging buffers through its copies: wait for it.
-        torch.cuda.current_stream(self.device).synchronize()
-        bs = self._fill(tokens, positions, tables, state_slots, has_state)
-        self._upload()
+    def replay(self, n: int) -> Tensor:
+        """Replay the graph for n sequences whose inputs are uploaded → logits [n, V] (fp32)."""
+        bs = self.padded(n)
         self._graphs[bs].replay()
-        return self._logits[bs][: len(tokens)]
+        return self._logits[bs][:n]

@@ -3,6 +3,10 @@
 batch = scheduler.schedule()
 out = model_runner.run(batch)
 postprocess(batch, out)          # advance computed lengths, append tokens, stop checks, retire
+
+With async scheduling a pure decode step is launched before the previous step's tokens are read (see
+`_pipeline`); text is detokenised when an output is read (TextStream), except for requests with stop
+strings.
 """
 
 from __future__ import annotations
@@ -24,11 +28,12 @@ from flashstate.cache.state_pool import StatePool
 from flashstate.config import EngineConfig
 from flashstate.engine.cache_tensors import CacheTensors
 from flashstate.engine.calibration import load_or_calibrate, max_calibration_tokens
-from flashstate.engine.model_runner import ModelRunner
+from flashstate.engine.model_runner import InFlight, ModelRunner
 from flashstate.engine.outputs import RequestOutput
 from flashstate.engine.scheduler import ScheduledBatch, Scheduler
 from flashstate.engine.sequence import Sequence
-from flashstate.engine.stop_checker import StopChecker
+from flashstate.engine.stop_checker import Finish, StopChecker
+from flashstate.engine.text_stream import TextStream
 from flashstate.models.loader import load_model
 from flashstate.models.spec import DTYPES
 from flashstate.sampling_params import SamplingParams
@@ -56,11 +61,35 @@ def cache_budget(config: EngineConfig, device: torch.device) -> int:
 
 @dataclass(slots=True)
 class _Request:
+    """What the engine keeps per request besides its Sequence.
+
+    A request with stop strings needs its text to know when it is done: its StopChecker runs in the step
+    loop (`stop`, `text`). Every other request is decided on token ids alone (`eos`, `stop_ids`,
+    `max_len`) and its text is detokenised by its TextStream when an output is read (`stream`)."""
+
     seq: Sequence
-    stop: StopChecker
     prompt: str | None
-    text: str = ""  # streamed so far: never holds a possible stop-string prefix
-    num_reported: int = 0  # generated tokens already reported
+    prompt_token_ids: list[int]  # one copy, shared by every output
+    stop: StopChecker | None = None
+    stream: TextStream | None = None
+    eos: frozenset[int] = frozenset()
+    stop_ids: frozenset[int] = frozenset()
+    max_len: int | None = None  # len(seq.token_ids) at which max_tokens is reached
+    text: str = ""  # with `stop`: streamed so far, never holding a possible stop-string prefix
+    num_reported: int = 0  # len(seq.token_ids) at the previous output
+
+    def finish_by_ids(self, token: int, length: int) -> Finish | None:
+        """The StopChecker's decision for a request without stop strings, on ids only."""
+        if token in self.eos:
+            return _EOS
+        if token in self.stop_ids:
+            return Finish("stop", token)
+        if self.max_len is not None and length >= self.max_len:
+            return _LENGTH
+        return None
+
+
+_EOS, _LENGTH = Finish("stop"), Finish("length")
 
 
 class LLMEngine:
@@ -85,6 +114,7 @@ class LLMEngine:
         except BaseException:
             self.close()
             raise
+        self._in_flight: tuple[ScheduledBatch, InFlight] | None = None  # a decode step launched ahead
         tp = config.tensor_parallel_size
         logger.info(
             "%s on %s (%s, tensor parallel %d): %s",
@@ -214,13 +244,22 @@ class LLMEngine:
         seq = Sequence(request_id, token_ids, params)
         seq.hint_positions = sorted({p for p in checkpoint_positions or [] if 0 < p <= len(token_ids)})
         self.scheduler.add(seq)
-        stop = StopChecker(
+        checker = StopChecker(
             params,
             lambda ids: self.tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens),
             self.eos_token_ids,
             token_ids,
         )
-        self.requests[request_id] = _Request(seq, stop, text)
+        n = len(token_ids)
+        req = _Request(seq, text, list(token_ids), num_reported=n)
+        if params.stop:
+            req.stop = checker
+        else:
+            req.stream = TextStream(checker, seq.token_ids, n)
+            req.eos = frozenset(() if params.ignore_eos else self.eos_token_ids)
+            req.stop_ids = frozenset(params.stop_token_ids)
+            req.max_len = None if params.max_tokens is None else n + params.max_tokens
+        self.requests[request_id] = req
         return request_id
 
     def abort(self, request_id: str) -> RequestOutput | None:
@@ -238,11 +277,76 @@ class LLMEngine:
     # ---- the loop -------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        if self._in_flight is not None:
+            batch, flight = self._in_flight
+            self._in_flight = None
+            return self._pipeline(batch, flight)
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return []
+        if self._may_pipeline() and self.runner.is_decode(batch):
+            return self._pipeline(batch, self.runner.launch(batch))
         out = self.runner.run(batch)
         return self._postprocess(batch, out.token_ids, out.logprobs, out.seconds)
+
+    # ---- async scheduling: launch step n+1 while step n runs ---------------------------------------
+    #
+    # Step n (a pure decode batch) is on the device. Before reading its tokens, the sequences that surely
+    # go on (not at max_tokens) get their next block allocated and step n+1 is launched, its inputs being
+    # step n's sampled tokens on the device. A sequence whose step-n token is a stop id (eos or
+    # stop_token_ids) runs step n+1 into the pad block and slot, so its KV and the state the prefix cache
+    # commits at its end are untouched; its step-n+1 row is dropped when read, as is the row of a request
+    # aborted meanwhile. Anything else that could make step n+1 differ from what `schedule()` would pick
+    # (stop strings, which need text; a waiting request that could be admitted; a sequence outside the
+    # batch; a block the cache cannot give without preempting) makes the engine read step n first.
+
+    def _may_pipeline(self) -> bool:
+        return (
+            self.config.async_scheduling
+            and self.runner.inputs is not None
+            and self.runner.on_logits is None
+            and self.cache.pages is None
+        )
+
+    def _pipeline(self, batch: ScheduledBatch, flight: InFlight) -> list[RequestOutput]:
+        """`batch` runs on the device as `flight`: launch the step after it if that is safe, then read and
+        post-process `batch`."""
+        nxt = self._next_decode(batch) if self._may_pipeline() else None
+        if nxt is not None:
+            stops = [self.requests[s.request_id].eos | self.requests[s.request_id].stop_ids for s in nxt.seqs]
+            self._in_flight = (nxt, self.runner.launch_ahead(nxt.seqs, flight, stops))
+        out = self.runner.collect(flight)
+        live = [i for i, s in enumerate(batch.seqs) if not s.is_finished]
+        if len(live) < len(batch):  # stopped by their previous token (this row ran masked) or aborted
+            batch = ScheduledBatch([batch.seqs[i] for i in live], [1] * len(live))
+            out.token_ids = [out.token_ids[i] for i in live]
+            out.logprobs = [out.logprobs[i] for i in live]
+        return self._postprocess(batch, out.token_ids, out.logprobs, out.seconds)
+
+    def _next_decode(self, batch: ScheduledBatch) -> ScheduledBatch | None:
+        """The decode batch after `batch` (whose tokens are not read yet), if it is what `schedule()` would
+        give; its blocks allocated. None: read `batch` first and let the scheduler decide."""
+        sched = self.scheduler
+        if sched.waiting and len(sched.running) < sched.max_num_seqs:
+            return None
+        seqs = [s for s in batch.seqs if not s.is_finished]
+        if len(seqs) != len(sched.running):
+            return None
+        nxt = []
+        for seq in seqs:
+            req = self.requests[seq.request_id]
+            if req.stop is not None:
+                return None
+            if req.max_len is not None and len(seq.token_ids) + 1 >= req.max_len:
+                continue  # the token in flight is its last
+            if seq.num_computed_tokens + 2 > self.max_model_len:
+                return None
+            nxt.append(seq)
+        if not nxt or len(nxt) > self.runner.inputs.max_batch:
+            return None
+        if not all(self.cache.allocate(seq, 2) for seq in nxt):
+            return None  # blocks already taken stay with their sequences: the next schedule() needs them
+        return ScheduledBatch(nxt, [1] * len(nxt))
 
     def _postprocess(
         self, batch: ScheduledBatch, token_ids: list[int | None], logprobs: list[float | None], seconds: float
@@ -253,6 +357,7 @@ class LLMEngine:
             seq = batch.seqs[i]
             self.cache.commit_export(seq, seq.num_computed_tokens + count, slot)
         outputs = []
+        requests = self.requests
         for seq, n, token, lp in zip(batch.seqs, batch.num_tokens, token_ids, logprobs, strict=True):
             stats = seq.stats
             if stats.first_scheduled_time is None:
@@ -262,40 +367,45 @@ class LLMEngine:
             seq.num_computed_tokens += n
             if token is None:
                 continue
-            req = self.requests[seq.request_id]
+            req = requests[seq.request_id]
             seq.token_ids.append(token)
             if seq.params.logprobs is not None:
                 seq.logprobs.append(lp)
             if stats.first_token_time is None:
                 stats.first_token_time = now
-            delta = req.stop.append(token)
-            req.text += delta
-            if req.stop.finished:
-                seq.stop_reason = req.stop.finish.stop_reason
-                self.scheduler.finish(seq, req.stop.finish.reason)
+            delta = ""
+            if req.stop is None:
+                finish = req.finish_by_ids(token, len(seq.token_ids))
+            else:
+                delta = req.stop.append(token)
+                req.text += delta
+                finish = req.stop.finish
+            if finish is not None:
+                seq.stop_reason = finish.stop_reason
+                self.scheduler.finish(seq, finish.reason)
                 stats.finished_time = now
-                del self.requests[seq.request_id]
+                del requests[seq.request_id]
             outputs.append(self._output(req, delta))
         return outputs
 
     def _output(self, req: _Request, delta_text: str) -> RequestOutput:
         seq = req.seq
-        generated = seq.output_token_ids
-        delta_ids = generated[req.num_reported :]
-        req.num_reported = len(generated)
+        end = len(seq.token_ids)
+        prev, req.num_reported = req.num_reported, end
         return RequestOutput(
-            request_id=seq.request_id,
-            prompt_token_ids=seq.prompt_token_ids,
-            token_ids=list(generated),
-            text=req.text,
-            delta_token_ids=delta_ids,
-            delta_text=delta_text,
-            finished=seq.is_finished,
-            finish_reason=seq.finish_reason,
-            stop_reason=seq.stop_reason,
-            logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
-            stats=seq.stats,
-            prompt=req.prompt,
+            seq.request_id,
+            req.prompt_token_ids,
+            seq.token_ids,
+            seq.num_prompt_tokens,
+            prev,
+            end,
+            seq.is_finished,
+            seq.finish_reason,
+            seq.stop_reason,
+            seq.logprobs if seq.params.logprobs is not None else None,
+            seq.stats,
+            req.prompt,
+            req.stream if req.stream is not None else (req.text, delta_text),
         )
 
     def reset_prefix_cache(self) -> int:

@@ -7,11 +7,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from flashstate.engine.cache_tensors import CacheTensors
 from flashstate.engine.cuda_graph import DecodeGraphs
+from flashstate.engine.decode_inputs import DecodeInputs
 from flashstate.engine.scheduler import ScheduledBatch
 from flashstate.engine.sequence import Sequence
 from flashstate.layers.metadata import ForwardMetadata
@@ -19,6 +19,18 @@ from flashstate.layers.sampler import Sampler, SamplingBatch
 from flashstate.models.base import HybridForCausalLM
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class InFlight:
+    """A decode step launched on the device whose sampled tokens are not read yet."""
+
+    seqs: list[Sequence]
+    sampled: torch.Tensor  # [n] int64 on the device: feeds a step launched ahead
+    tokens: torch.Tensor  # [n] int64 host (pinned on CUDA), valid once `done` has passed
+    logprobs: torch.Tensor | None  # [n] fp32 host; None when no sequence asked
+    done: torch.cuda.Event | None
+    start: float
 
 
 @dataclass(slots=True)
@@ -36,25 +48,32 @@ class ModelRunner:
         self.device = device
         self.sampler = Sampler()
         self.graphs: DecodeGraphs | None = None
-        # request id -> (the block-table list it mirrors, its rows as an array, rows filled)
-        self._tables: dict[str, tuple[list[int], np.ndarray, int]] = {}
+        self.inputs: DecodeInputs | None = None  # pure-decode batches' persistent inputs
+        # The last batch's SamplingBatch, kept while the batch is the same sequences (kept alive: ids unique).
+        self._sampling: tuple[list[Sequence], list[int], SamplingBatch] | None = None
+        # Two pinned (tokens, logprobs) pairs, alternating: a step launched ahead writes one while the
+        # host reads the other.
+        self._read_buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._read_turn = 0
+        self._stops: tuple[list[Sequence], list[int], torch.Tensor | None] | None = None
         # Called with (request ids, logits [B, V]) of every sampling step; tests compare logits with it.
         self.on_logits: Callable[[list[str], torch.Tensor], None] | None = None
         caches.bind(model)
 
     def capture_graphs(self, max_batch: int, max_blocks_per_seq: int) -> bool:
-        """Capture decode graphs (CUDA only); False, staying eager, when the model cannot be captured."""
-        if self.device.type != "cuda" or not self.model.spec.cuda_graph_safe:
-            return False
-        graphs = DecodeGraphs(
-            self.model,
-            self.block_size,
+        """Keep persistent inputs for decode batches of up to max_batch sequences and, on CUDA, capture decode
+        graphs that read them; False, staying eager, when the model cannot be captured."""
+        self.inputs = DecodeInputs(
             max_batch,
             max_blocks_per_seq,
+            self.block_size,
             self.caches.pad_block,
             self.caches.pad_slot,
             self.device,
         )
+        if self.device.type != "cuda" or not self.model.spec.cuda_graph_safe:
+            return False
+        graphs = DecodeGraphs(self.model, self.inputs)
         start = time.perf_counter()
         try:
             graphs.capture()
@@ -88,69 +107,137 @@ class ModelRunner:
         )
         return torch.tensor(tokens, dtype=torch.long, device=self.device), meta
 
-    def _table(self, seq: Sequence) -> np.ndarray:
-        """seq.block_table as an array, extended in place as the list grows (decode adds a block every
-        block_size steps; rebuilding the whole table per step would cost more than the step)."""
-        table = seq.block_table
-        entry = self._tables.get(seq.request_id)
-        if entry is not None:
-            source, arr, filled = entry
-            if source is table and filled <= len(table) <= len(arr):
-                if len(table) > filled:
-                    arr[filled : len(table)] = table[filled:]
-                self._tables[seq.request_id] = (table, arr, len(table))
-                return arr[: len(table)]
-        arr = np.zeros(max(2 * len(table), 16), dtype=np.int64)
-        arr[: len(table)] = table
-        self._tables[seq.request_id] = (table, arr, len(table))
-        return arr[: len(table)]
-
-    def _graph_decode(self, batch: ScheduledBatch) -> torch.Tensor:
-        seqs = batch.seqs
-        tables = [self._table(s) for s in seqs]
-        if len(self._tables) > 4 * max(len(seqs), 16):
-            live = {s.request_id for s in seqs}
-            self._tables = {k: v for k, v in self._tables.items() if k in live}
-        return self.graphs.run(
-            [s.token_ids[s.num_computed_tokens] for s in seqs],
-            [s.num_computed_tokens for s in seqs],
-            tables,
-            [s.state_slot for s in seqs],
-            [s.num_computed_tokens > 0 for s in seqs],
-        )
-
-    def _uses_graph(self, batch: ScheduledBatch) -> bool:
+    def is_decode(self, batch: ScheduledBatch) -> bool:
+        """One token per sequence, each sampling, nothing exported: the persistent inputs can run it."""
         return (
-            self.graphs is not None
+            self.inputs is not None
             and not batch.exports
-            and self.graphs.fits(len(batch))
+            and len(batch) <= self.inputs.max_batch
             and all(n == 1 for n in batch.num_tokens)
             and all(batch.samples(i) for i in range(len(batch)))
         )
 
+    def _decode(self, seqs: list[Sequence]) -> torch.Tensor:
+        n = len(seqs)
+        graphs = self.graphs if self.graphs is not None and self.graphs.fits(n) else None
+        bs = graphs.padded(n) if graphs is not None else n
+        self.inputs.prepare(seqs, bs)
+        self.inputs.upload(bs)
+        if graphs is not None:
+            return graphs.replay(n)
+        hidden = self.model(self.inputs.input_ids(n), self.inputs.metadata(n))
+        return self.model.compute_logits(hidden).float()
+
+    def _sampling_batch(self, seqs: list[Sequence]) -> SamplingBatch:
+        ids = list(map(id, seqs))
+        if self._sampling is None or self._sampling[1] != ids:
+            batch = SamplingBatch.build([(s.params, s.generator) for s in seqs], device=self.device)
+            self._sampling = (list(seqs), ids, batch)
+        return self._sampling[2]
+
+    def _launch_sampling(self, seqs: list[Sequence], logits: torch.Tensor, start: float) -> InFlight:
+        sampled = self.sampler(logits, self._sampling_batch(seqs))
+        want = any(s.params.logprobs is not None for s in seqs)
+        if self.device.type != "cuda":
+            return InFlight(
+                seqs, sampled.token_ids, sampled.token_ids, sampled.logprobs if want else None, None, start
+            )
+        n = len(seqs)
+        if not self._read_buffers or self._read_buffers[0][0].shape[0] < n:
+            size = max(n, 64)
+            self._read_buffers = [
+                (
+                    torch.empty(size, dtype=torch.int64, pin_memory=True),
+                    torch.empty(size, dtype=torch.float32, pin_memory=True),
+                )
+                for _ in range(2)
+            ]
+        tokens, lps = (b[:n] for b in self._read_buffers[self._read_turn])
+        self._read_turn ^= 1
+        tokens.copy_(sampled.token_ids, non_blocking=True)
+        if want:
+            lps.copy_(sampled.logprobs, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return InFlight(seqs, sampled.token_ids, tokens, lps if want else None, done, start)
+
+    @torch.inference_mode()
+    def launch(self, batch: ScheduledBatch) -> InFlight:
+        """Start a decode batch (`is_decode`) on the device; `collect` reads its tokens."""
+        start = time.perf_counter()
+        return self._launch_sampling(batch.seqs, self._decode(batch.seqs), start)
+
+    @torch.inference_mode()
+    def launch_ahead(self, seqs: list[Sequence], prev: InFlight, stop_ids: list[frozenset[int]]) -> InFlight:
+        """Start the decode step after `prev` for `seqs` (a subsequence of prev.seqs) before prev's tokens are
+        read: each input is prev's sampled token, on the device. A row whose token is one of its
+        `stop_ids` ends there: it runs into the pad block and slot, and its token is to be discarded."""
+        start = time.perf_counter()
+        n = len(seqs)
+        graphs = self.graphs if self.graphs is not None and self.graphs.fits(n) else None
+        bs = graphs.padded(n) if graphs is not None else n
+        self.inputs.prepare(seqs, bs, ahead=True)
+        self.inputs.upload(bs)
+        rows = {id(s): i for i, s in enumerate(prev.seqs)}
+        src = [rows[id(s)] for s in seqs]
+        if src == list(range(n)):
+            tokens = prev.sampled[:n]
+        else:
+            tokens = prev.sampled[torch.tensor(src, dtype=torch.long, device=self.device)]
+        self.inputs.feed(tokens, self._stop_table(seqs, stop_ids))
+        if graphs is not None:
+            logits = graphs.replay(n)
+        else:
+            logits = self.model.compute_logits(
+                self.model(self.inputs.input_ids(n), self.inputs.metadata(n))
+            ).float()
+        return self._launch_sampling(seqs, logits, start)
+
+    def _stop_table(self, seqs: list[Sequence], stop_ids: list[frozenset[int]]) -> torch.Tensor | None:
+        """[n, K] stop ids per row, -1 padded (None when no row has any), kept while the rows are the same."""
+        ids = list(map(id, seqs))
+        if self._stops is None or self._stops[1] != ids:
+            width = max(map(len, stop_ids), default=0)
+            table = None
+            if width:
+                rows = [sorted(s) + [-1] * (width - len(s)) for s in stop_ids]
+                table = torch.tensor(rows, dtype=torch.int64, device=self.device)
+            self._stops = (list(seqs), ids, table)
+        return self._stops[2]
+
+    def collect(self, flight: InFlight) -> StepOutput:
+        """Wait for a launched step and read its tokens (and logprobs when asked)."""
+        if flight.done is not None:
+            flight.done.synchronize()
+        tokens = flight.tokens.tolist()
+        lps = flight.logprobs.tolist() if flight.logprobs is not None else [None] * len(tokens)
+        return StepOutput(tokens, lps, time.perf_counter() - flight.start)
+
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> StepOutput:
         start = time.perf_counter()
-        if self._uses_graph(batch):
-            rows = list(range(len(batch)))
-            logits = self._graph_decode(batch)
+        n = len(batch)
+        if self.is_decode(batch) and self.on_logits is None:
+            return self.collect(self.launch(batch))
+        if self.is_decode(batch):
+            rows = list(range(n))
+            logits = self._decode(batch.seqs)
         else:
             input_ids, meta = self.build_metadata(batch)
             hidden = self.model(input_ids, meta)
-            rows = [i for i in range(len(batch)) if batch.samples(i)]
+            rows = [i for i in range(n) if batch.samples(i)]
             if rows:
                 last = meta.cu_seqlens[1:][torch.tensor(rows, device=self.device)] - 1
                 logits = self.model.compute_logits(hidden[last]).float()
-        token_ids: list[int | None] = [None] * len(batch)
-        logprobs: list[float | None] = [None] * len(batch)
+        token_ids: list[int | None] = [None] * n
+        logprobs: list[float | None] = [None] * n
         if rows:
             seqs = [batch.seqs[i] for i in rows]
             if self.on_logits is not None:
                 self.on_logits([s.request_id for s in seqs], logits)
-            sampling = SamplingBatch.build([(s.params, s.generator) for s in seqs], device=self.device)
-            sampled = self.sampler(logits, sampling)
-            for i, t, lp in zip(rows, sampled.token_ids.tolist(), sampled.logprobs.tolist(), strict=True):
-                token_ids[i], logprobs[i] = t, lp
-        if self.device.type == "cuda":
+            out = self.collect(self._launch_sampling(seqs, logits, start))
+            for j, i in enumerate(rows):
+                token_ids[i], logprobs[i] = out.token_ids[j], out.logprobs[j]
+        elif self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return StepOutput(token_ids, logprobs, time.perf_counter() - start)

@@ -1,5 +1,3 @@
-from types import SimpleNamespace
-
 import pytest
 import torch
 
@@ -13,16 +11,6 @@ def test_capture_sizes_cover_every_batch_up_to_the_largest():
     assert capture_sizes(20) == [1, 2, 4, 8, 16, 20]
     sizes = capture_sizes(64)
     assert sizes[-1] == 64 and all(b <= next(s for s in sizes if s >= b) for b in range(1, 65))
-
-
-def test_block_table_mirror_follows_growth_and_replacement(tiny_model_dir):
-    runner = LLM(str(tiny_model_dir), device="cpu", kv_cache_memory_bytes=4 << 20).engine.runner
-    seq = SimpleNamespace(request_id="r", block_table=[3, 4])
-    assert runner._table(seq).tolist() == [3, 4]
-    seq.block_table.extend([9] * 40)  # grows past the mirror's capacity
-    assert runner._table(seq).tolist() == [3, 4] + [9] * 40
-    seq.block_table = [7]  # preempted and re-admitted: a new list
-    assert runner._table(seq).tolist() == [7]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
@@ -40,5 +28,27 @@ def test_graph_decode_equals_eager_decode(tiny_model_dir):
         )
         assert (llm.engine.runner.graphs is None) == eager
         outs[eager] = [o.token_ids for o in llm.generate(prompts, params)]
+        llm.engine.check_integrity()
+    assert outs[True] == outs[False]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_graph_decode_with_async_scheduling_equals_synchronous(tiny_model_dir):
+    prompts = [[(7 * i + j) % 1900 + 50 for i in range(30 + 41 * j)] for j in range(6)]
+    params = [
+        SamplingParams(temperature=0, max_tokens=20 + 9 * j, stop_token_ids=list(range(50, 2000, 13)))
+        for j in range(6)
+    ]
+    outs = {}
+    for mode in (False, True):
+        llm = LLM(
+            str(tiny_model_dir),
+            device="cuda",
+            async_scheduling=mode,
+            max_num_seqs=4,
+            prefill_cost_coefficients=(1e-6, 0.0),
+        )
+        assert llm.engine.runner.graphs is not None
+        outs[mode] = [(o.token_ids, o.finish_reason, o.stop_reason) for o in llm.generate(prompts, params)]
         llm.engine.check_integrity()
     assert outs[True] == outs[False]

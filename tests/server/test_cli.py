@@ -142,3 +142,9 @@ def test_api_key_from_environment(monkeypatch):
     monkeypatch.setenv("VLLM_API_KEY", "from-env")
     assert config().api_key == "from-env"
     assert config("--api-key", "flag").api_key == "flag"
+
+
+def test_async_scheduling_is_on_by_default_and_can_be_turned_off():
+    assert config().async_scheduling is True
+    assert config("--no-async-scheduling").async_scheduling is False
+    assert config("--async-scheduling").async_scheduling is True
