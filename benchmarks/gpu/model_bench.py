@@ -284,6 +284,7 @@ def main() -> None:
     start = time.perf_counter()
     model_dir = preset_dir(a.preset)
     out["materialize_s"] = time.perf_counter() - start
+    path = Path(os.environ.get("OUT", ".")) / f"model_bench_{a.preset}.json"
     steps = [
         ("oracle", lambda: check_oracle(model_dir, out)),
         ("paths", lambda: check_greedy_paths(model_dir, out)),
@@ -317,8 +318,8 @@ def main() -> None:
             out[f"{name}_traceback"] = traceback.format_exc()
         out[f"{name}_wall_s"] = time.perf_counter() - t
         torch.cuda.empty_cache()
-    path = Path(os.environ.get("OUT", ".")) / f"model_bench_{a.preset}.json"
-    path.write_text(json.dumps(out, indent=1))
+        path.write_text(json.dumps(out, indent=1))  # after each part: a command cut short keeps the others
+        print(f"{name}: {out[f'{name}_wall_s']:.0f} s", out.get(name, out.get(f"{name}_error")), flush=True)
     print(json.dumps(out, indent=1))
     print(
         f"\nceilings: bf16 matmul {out['bf16_matmul_tflops']:.0f} TFLOP/s, "
