@@ -148,14 +148,20 @@ def main() -> None:
     for bd in (128, 16):
         ok.append(build(_conv_kernel, conv, dict(K=4, HAS_BIAS=True, SILU=True, BT=32, BD=bd)))
     norm = dict(x_ptr="*bf16", z_ptr="*bf16", r_ptr="*bf16", w_ptr="*bf16", y_ptr="*bf16", s_ptr="*bf16")
-    for gated, residual, block in [(False, False, 2048), (True, False, 128), (False, True, 2048)]:
+    for gated, residual, block in [
+        (False, False, 2048),
+        (True, False, 128),
+        (False, True, 2048),
+        (False, False, 256),
+    ]:
+        rows = max(2048 // block, 1)
         ok.append(
             build(
                 _rms_norm_kernel,
                 norm,
-                dict(GATED=gated, RESIDUAL=residual, BLOCK=block),
+                dict(GATED=gated, RESIDUAL=residual, ROWS=rows, BLOCK=block),
                 scalars=dict(eps="fp32", offset="fp32"),
-                num_warps=min(max(block // 256, 1), 8),
+                num_warps=min(max(block * rows // 256, 1), 8),
             )
         )
     ok.append(build(_silu_mul_kernel, dict(gate_up="*bf16", out="*bf16"), dict(BLOCK=1024), num_warps=4))

@@ -1,4 +1,5 @@
-"""Fused RMSNorm kernels for CUDA (one program per row, fp32 inside, one cast out):
+"""Fused RMSNorm kernels for CUDA (one program per row, or per several short rows; fp32 inside, one cast
+out):
 
     rms_norm(x, w, eps, offset)        y = x / rms(x) · (offset + w)
     gated_rms_norm(x, z, w, eps)       y = w · x / rms(x) · silu(z)
@@ -29,6 +30,7 @@ def _rms_norm_kernel(
     w_ptr,
     y_ptr,
     s_ptr,
+    n_rows,
     n_cols,
     heads,
     stride_x_row,
@@ -41,27 +43,36 @@ def _rms_norm_kernel(
     offset,
     GATED: tl.constexpr,
     RESIDUAL: tl.constexpr,
+    ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    # program m: row m of the flat [rows · heads, n_cols] output, head m % heads of row m // heads
-    m = tl.program_id(0).to(tl.int64)
+    # program p: rows [p·ROWS, (p+1)·ROWS) of the flat [n_rows, n_cols] output; flat row m is head
+    # m % heads of input row m // heads
+    m = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     row, head = m // heads, m % heads
     cols = tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    x = tl.load(x_ptr + row * stride_x_row + head * stride_x_head + cols, mask=mask, other=0.0)
+    mask = (m < n_rows)[:, None] & (cols < n_cols)[None, :]
+    out = m[:, None] * n_cols + cols[None, :]
+    x = tl.load(
+        x_ptr + (row * stride_x_row + head * stride_x_head)[:, None] + cols[None, :], mask=mask, other=0.0
+    )
     if RESIDUAL:
-        r = tl.load(r_ptr + row * stride_r_row + head * stride_r_head + cols, mask=mask, other=0.0)
+        r = tl.load(
+            r_ptr + (row * stride_r_row + head * stride_r_head)[:, None] + cols[None, :], mask=mask, other=0.0
+        )
         x = (x.to(tl.float32) + r.to(tl.float32)).to(s_ptr.dtype.element_ty)
-        tl.store(s_ptr + m * n_cols + cols, x, mask=mask)
+        tl.store(s_ptr + out, x, mask=mask)
     x = x.to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    y = x * rstd * (w + offset)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)
+    w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+    y = x * rstd[:, None] * (w + offset)[None, :]
     if GATED:
-        z = tl.load(z_ptr + row * stride_z_row + head * stride_z_head + cols, mask=mask, other=0.0)
+        z = tl.load(
+            z_ptr + (row * stride_z_row + head * stride_z_head)[:, None] + cols[None, :], mask=mask, other=0.0
+        )
         z = z.to(tl.float32)
         y = y * z * tl.sigmoid(z)
-    tl.store(y_ptr + m * n_cols + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_ptr + out, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def _rows(t: Tensor, n: int) -> Tensor:
@@ -91,13 +102,15 @@ def _launch(
     rows = x3.shape[0] * x3.shape[1]
     if rows:
         block = triton.next_power_of_2(n)
-        _rms_norm_kernel[(rows,)](
+        per_program = max(2048 // block, 1)  # short rows (per-head norms) share a program
+        _rms_norm_kernel[(triton.cdiv(rows, per_program),)](
             x3,
             z3,
             r3,
             weight,
             y,
             y if s is None else s,
+            rows,
             n,
             x3.shape[1],
             x3.stride(0),
@@ -110,8 +123,9 @@ def _launch(
             offset,
             GATED=z is not None,
             RESIDUAL=r is not None,
+            ROWS=per_program,
             BLOCK=block,
-            num_warps=min(max(block // 256, 1), 8),
+            num_warps=min(max(block * per_program // 256, 1), 8),
         )
     return y, s
 

@@ -45,29 +45,34 @@ def _conv_kernel(
     t_ok, d_ok = t < T, d < D
     seq = tl.load(seq_of_token + t, mask=t_ok, other=0)
     local = t - tl.load(cu_seqlens + seq, mask=t_ok, other=0)
-    slot = tl.load(indices + seq, mask=t_ok, other=0).to(tl.int64)
-    has = tl.load(has_initial + seq, mask=t_ok, other=0) != 0
+    # only a tile holding one of a sequence's first K - 1 tokens reaches into a pool slot (rare in a long
+    # prefill): every other tile skips the pool's gathers and their address arithmetic
+    reaches_pool = tl.min(tl.where(t_ok, local, K), axis=0) < K - 1
     acc = tl.zeros([BT, BD], dtype=tl.float32)
     if HAS_BIAS:
         acc += tl.load(bias + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
     for j in tl.static_range(K):
-        pos = local - (K - 1) + j
-        in_x = pos >= 0
         row = t - (K - 1) + j
         # the mask does not wait for the sequence bounds (a row of the previous sequence is read, then
-        # dropped): the loads of x go out together with the per-token metadata loads
+        # replaced below): the loads of x go out together with the per-token metadata loads
         xm = (t_ok & (row >= 0))[:, None] & d_ok[None, :]
         xv = tl.load(x + row.to(tl.int64)[:, None] * stride_x_t + d[None, :], mask=xm, other=0.0)
-        xv = tl.where(in_x[:, None], xv, 0.0)
-        sm = (t_ok & ~in_x & has)[:, None] & d_ok[None, :]
-        col = tl.maximum(K - 1 + pos, 0)
-        sv = tl.load(
-            pool + slot[:, None] * stride_pool_s + d[None, :] * stride_pool_d + col[:, None],
-            mask=sm,
-            other=0.0,
-        )
+        xv = xv.to(tl.float32)
+        if reaches_pool:
+            pos = local - (K - 1) + j
+            in_x = pos >= 0
+            slot = tl.load(indices + seq, mask=t_ok, other=0).to(tl.int64)
+            has = tl.load(has_initial + seq, mask=t_ok, other=0) != 0
+            sm = (t_ok & ~in_x & has)[:, None] & d_ok[None, :]
+            col = tl.maximum(K - 1 + pos, 0)
+            sv = tl.load(
+                pool + slot[:, None] * stride_pool_s + d[None, :] * stride_pool_d + col[:, None],
+                mask=sm,
+                other=0.0,
+            )
+            xv = tl.where(in_x[:, None], xv, sv.to(tl.float32))
         w = tl.load(weight + d * K + j, mask=d_ok, other=0.0).to(tl.float32)
-        acc += (xv.to(tl.float32) + sv.to(tl.float32)) * w[None, :]
+        acc += xv * w[None, :]
     if SILU:
         acc = acc * tl.sigmoid(acc)
     # y holds channels [lo, hi) of this tile's part as its own contiguous [T, hi - lo] block at T · lo;

@@ -59,13 +59,13 @@ def test_silu_mul_matches_the_unfused_form(dtype):
 @pytest.mark.parametrize("splits", [[32, 32, 64], [16, 48], [8, 8, 24], [40]])
 def test_conv_split_output_equals_the_parts_of_the_full_output(splits):
     torch.manual_seed(4)
-    lens, d = [5, 1, 40, 9], sum(splits)
+    lens, d = [5, 1, 100, 9], sum(splits)  # tokens 32–95: tiles that never reach into a pool slot
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
     wide = torch.randn(sum(lens), d + 24)
     x, w, b = wide[:, :d], torch.randn(d, 4), torch.randn(d)  # x: a strided view, like q|k|v of qkvz
     pool = torch.randn(6, d, 3)
     idx, has = torch.tensor([3, 0, 5, 1]), torch.tensor([True, True, False, True])
-    exports = torch.tensor([0, 4, 6, 30, 54])
+    exports = torch.tensor([0, 4, 6, 30, 54, 105, 110])
     p1, p2, p3 = pool.clone(), pool.clone().to(DEV), pool.clone()
     args = dict(state_indices=idx, has_initial_state=has, cu_seqlens=cu, export_token_ids=exports)
     y1, e1 = conv_naive.causal_conv1d(x, w, b, conv_state_pool=p1, **args)
