@@ -56,7 +56,7 @@ def paged_attention(
     """Same contract as ops.attention.naive.paged_attention."""
     block_size = k_cache.shape[1]
     hq, hkv = q.shape[1], k_cache.shape[2]
-    out = q.new_empty((q.shape[0], hq, v_cache.shape[-1]))
+    outs = []
     bounds = cu_seqlens.tolist()
     for i, ctx in enumerate(context_lens.tolist()):
         start, end = bounds[i], bounds[i + 1]
@@ -75,5 +75,5 @@ def paged_attention(
             else:
                 mask = causal_lower_right(n, ctx)
                 o = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=scale)
-        out[start:end] = o[0].transpose(0, 1)
-    return out
+        outs.append(o[0].transpose(0, 1))  # [L, Hq, Dv]; dense when the kernel wrote in q's layout
+    return outs[0].contiguous() if len(outs) == 1 else torch.cat(outs)
