@@ -21,6 +21,7 @@ from flashstate.ops.activation.triton import _silu_mul_kernel
 from flashstate.ops.attention.triton import _merge_splits_kernel, _paged_attention_kernel
 from flashstate.ops.norm.triton import _rms_norm_kernel
 from flashstate.ops.pooled_triton import _export_kernel, _zero_fresh_kernel
+from flashstate.ops.rotary.triton import _rotary_kernel
 from flashstate.ops.short_conv.triton import _conv_kernel, _window_kernel
 from flashstate.ops.ssd.decode_triton import _ssd_decode_kernel
 
@@ -164,6 +165,9 @@ def main() -> None:
                 num_warps=min(max(block * rows // 256, 1), 8),
             )
         )
+    ok.append(
+        build(_rotary_kernel, dict(x="*bf16", cos="*bf16", sin="*bf16"), dict(BHALF=32, BH=16), num_warps=4)
+    )
     ok.append(build(_silu_mul_kernel, dict(gate_up="*bf16", out="*bf16"), dict(BLOCK=1024), num_warps=4))
     window = dict(
         x="*bf16",

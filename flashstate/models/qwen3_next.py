@@ -21,6 +21,7 @@ from flashstate.models.spec import AttentionSpec, LinearSpec, ModelSpec, MoeSpec
 from flashstate.ops.activation import silu_mul
 from flashstate.ops.attention import paged_attention, store_kv
 from flashstate.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+from flashstate.ops.rotary import apply_rotary_
 from flashstate.ops.short_conv import causal_conv1d
 
 
@@ -112,18 +113,6 @@ class RotaryEmbedding(nn.Module):
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rotary_(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x: [T, H, D]; rotates x[..., :cos.shape[-1]] in place (halves layout: x1·c − x2·s | x2·c + x1·s),
-    leaves the rest untouched; returns x. The two halves of cos/sin are equal (see RotaryEmbedding)."""
-    h = cos.shape[-1] // 2
-    x1, x2 = x[..., :h], x[..., h : 2 * h]
-    c, s = cos[:, None, :h], sin[:, None, :h]
-    o1 = x1 * c - x2 * s
-    x2.copy_(x2 * c + x1 * s)
-    x1.copy_(o1)
-    return x
 
 
 class Qwen3NextAttention(AttentionMixer):

@@ -15,6 +15,8 @@ triton = pytest.importorskip("triton")
 from flashstate.ops.activation import naive as act_naive  # noqa: E402
 from flashstate.ops.activation.triton import silu_mul  # noqa: E402
 from flashstate.ops.norm.triton import add_rms_norm, gated_rms_norm, rms_norm  # noqa: E402
+from flashstate.ops.rotary import naive as rotary_naive  # noqa: E402
+from flashstate.ops.rotary.triton import apply_rotary_  # noqa: E402
 from flashstate.ops.short_conv import naive as conv_naive  # noqa: E402
 from flashstate.ops.short_conv.triton import causal_conv1d  # noqa: E402
 
@@ -90,3 +92,25 @@ def test_conv_rejects_splits_that_do_not_cover_the_channels():
             state_indices=torch.tensor([0]).to(DEV), has_initial_state=torch.tensor([False]).to(DEV),
             cu_seqlens=torch.tensor([0, 4]).to(DEV), out_splits=[8, 4],
         )  # fmt: skip
+
+
+@pytest.mark.parametrize("rotary_dims", [8, 12, 16])  # partial rotary; 12: half not a power of two
+def test_rotary_in_place_matches_the_torch_form(rotary_dims):
+    g = torch.Generator().manual_seed(5)
+    t, h, d = 19, 3, 16
+    pos = torch.arange(t, dtype=torch.float32)[:, None] * (
+        1.0 / 100 ** (torch.arange(0, rotary_dims, 2) / rotary_dims)
+    )
+    cos, sin = torch.cat([pos, pos], -1).cos(), torch.cat([pos, pos], -1).sin()
+    wide = torch.randn(t, h, 2 * d, generator=g)  # x: the query half of a [query | gate] projection
+    want = rotary_naive.apply_rotary_(wide[..., :d].clone(), cos, sin)
+    dev = wide.clone().to(DEV)
+    got = apply_rotary_(dev[..., :d], cos.to(DEV), sin.to(DEV))
+    assert got.data_ptr() == dev.data_ptr()  # in place
+    torch.testing.assert_close(got.cpu(), want)
+    assert torch.equal(dev[..., d:].cpu(), wide[..., d:])  # the gate half is untouched
+    half = rotary_dims // 2
+    x1, x2 = wide[..., :half], wide[..., half:rotary_dims]
+    c, s = cos[:, None, :half], sin[:, None, :half]
+    torch.testing.assert_close(want[..., :half], x1 * c - x2 * s)
+    assert torch.equal(want[..., rotary_dims:], wide[..., rotary_dims:d])
