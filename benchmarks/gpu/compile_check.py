@@ -17,8 +17,11 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from flashstate.ops.activation.triton import _silu_mul_kernel
 from flashstate.ops.attention.triton import _merge_splits_kernel, _paged_attention_kernel
+from flashstate.ops.norm.triton import _rms_norm_kernel
 from flashstate.ops.pooled_triton import _export_kernel, _zero_fresh_kernel
+from flashstate.ops.rotary.triton import _rotary_kernel
 from flashstate.ops.short_conv.triton import _conv_kernel, _window_kernel
 from flashstate.ops.ssd.decode_triton import _ssd_decode_kernel
 
@@ -143,7 +146,29 @@ def main() -> None:
         indices="*i64",
         has_initial="*i1",
     )
-    ok.append(build(_conv_kernel, conv, dict(K=4, HAS_BIAS=True, SILU=True, BT=32, BD=128)))
+    for bd in (128, 16):
+        ok.append(build(_conv_kernel, conv, dict(K=4, HAS_BIAS=True, SILU=True, BT=32, BD=bd)))
+    norm = dict(x_ptr="*bf16", z_ptr="*bf16", r_ptr="*bf16", w_ptr="*bf16", y_ptr="*bf16", s_ptr="*bf16")
+    for gated, residual, block in [
+        (False, False, 2048),
+        (True, False, 128),
+        (False, True, 2048),
+        (False, False, 256),
+    ]:
+        rows = max(2048 // block, 1)
+        ok.append(
+            build(
+                _rms_norm_kernel,
+                norm,
+                dict(GATED=gated, RESIDUAL=residual, ROWS=rows, BLOCK=block),
+                scalars=dict(eps="fp32", offset="fp32"),
+                num_warps=min(max(block * rows // 256, 1), 8),
+            )
+        )
+    ok.append(
+        build(_rotary_kernel, dict(x="*bf16", cos="*bf16", sin="*bf16"), dict(BHALF=32, BH=16), num_warps=4)
+    )
+    ok.append(build(_silu_mul_kernel, dict(gate_up="*bf16", out="*bf16"), dict(BLOCK=1024), num_warps=4))
     window = dict(
         x="*bf16",
         pool="*fp32",

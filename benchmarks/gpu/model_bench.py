@@ -6,6 +6,10 @@ export and checkpoint copy timings against the card's measured ceilings (issue 7
 Writes $OUT/model_bench_<preset>.json and prints one table last. Every timing goes through the engine's
 own objects (paged KV pool, state pool, ModelRunner, CUDA graphs), not bare kernels.
 
+Switch for A/B runs (environment): FLASHSTATE_SDPA_GQA=0 repeats the K/V heads before SDPA (the path
+before issue 7's fusions) instead of passing grouped heads (`enable_gqa`, taken only when torch picks the
+same fused backend for them); the JSON's "sdpa_gqa" records what was decided per shape.
+
 Definitions:
   prefill FLOPs   2 · (non-embedding linear weights) · T  +  per attention layer 2 · H · (Dqk + Dv) · T²/2
                   (causal), the lm head for the last token only; recurrent-mixer FLOPs are not counted
@@ -113,6 +117,9 @@ def bench_prefill(
         del llm
         torch.cuda.empty_cache()
     out["prefill"] = rows
+    from flashstate.ops.attention import sdpa
+
+    out["sdpa_gqa"] = {str(key): grouped for key, grouped in sdpa._GQA_CHOICE.items()}
 
 
 def bench_export(model_dir: Path, n: int, out: dict) -> None:

@@ -71,7 +71,8 @@ def _qwen3_next_rules(spec: ModelSpec) -> list[tuple[str, Slicer]]:
         (r"\.self_attn\.[qkv]_proj\.(weight|bias)$", COLUMN),
         (r"\.self_attn\.o_proj\.weight$", ROW),
         (r"\.self_attn\.o_proj\.bias$", _rank0),
-        # in_proj_qkvz / in_proj_ba are laid out per key-head group: a row split keeps whole groups.
+        # in_proj_qkvz / in_proj_ba are laid out per key-head group in the checkpoint: a row split keeps
+        # whole groups; each rank then re-orders its own groups into blocks (Qwen3Next from_checkpoint).
         (r"\.linear_attn\.in_proj_(qkvz|ba)\.weight$", COLUMN),
         (r"\.linear_attn\.conv1d\.(weight|bias)$", _segments([key_dim, key_dim, value_dim])),
         (r"\.linear_attn\.(dt_bias|A_log)$", COLUMN),

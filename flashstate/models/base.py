@@ -1,6 +1,7 @@
 """What every model family provides to the engine.
 
-A family's `nn.Module` tree mirrors its HF checkpoint names. Its attention mixers carry `k_cache` and
+A family's `nn.Module` tree mirrors its HF checkpoint names and shapes (a family may hold some rows in
+another order: `from_checkpoint`). Its attention mixers carry `k_cache` and
 `v_cache` (the paged KV pool of that layer) and its linear mixers carry `conv_state` and `ssm_state`
 (that layer's share of the state pool); `bind_caches` hands them their tensors, in layer order.
 """
@@ -57,6 +58,12 @@ class HybridForCausalLM(nn.Module):
 
     def post_load(self) -> None:
         """Recompute non-persistent buffers (rotary tables…) after weights were loaded onto a real device."""
+
+    def from_checkpoint(self, name: str, tensor: Tensor) -> Tensor:
+        """Checkpoint tensor `name` (module-tree name; this rank's share under tensor parallelism) in the
+        layout its parameter holds: identity, unless a family re-orders some rows at load so that its
+        forward splits one GEMM's output into contiguous blocks (shape and name stay the checkpoint's)."""
+        return tensor
 
     def checkpoint_name(self, name: str) -> str:
         """The module-tree name of checkpoint tensor `name`: identity, unless a family's checkpoints spell

@@ -71,7 +71,7 @@ def load_weights(
                         f"tensor {name!r} has dtype {tensor.dtype}, expected {target.dtype}"
                     )
                 with torch.no_grad():
-                    target.copy_(tensor)
+                    target.copy_(model.from_checkpoint(name, tensor))
                 seen.add(name)
     missing = sorted(set(params) - seen - ({tied} if tied else set()))
     if model.spec.tie_word_embeddings:

@@ -278,7 +278,11 @@ def random_weights(spec: ModelSpec, seed: int = 0) -> dict[str, torch.Tensor]:
     state = model.state_dict()
     if spec.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    return {name: t.contiguous() for name, t in state.items()}
+    # a stacked projection's weights are row views of one tensor (layers/stacked_linear.py): own copies
+    return {
+        name: t.clone() if t.untyped_storage().nbytes() != t.nbytes else t.contiguous()
+        for name, t in state.items()
+    }
 
 
 def init_tensor(

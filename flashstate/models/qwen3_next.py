@@ -15,11 +15,21 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from flashstate.layers.metadata import ForwardMetadata
+from flashstate.layers.stacked_linear import StackedLinears
 from flashstate.models.base import AttentionMixer, HybridForCausalLM, LinearMixer
 from flashstate.models.spec import AttentionSpec, LinearSpec, ModelSpec, MoeSpec, UnsupportedModelError
+from flashstate.ops.activation import silu_mul
 from flashstate.ops.attention import paged_attention, store_kv
 from flashstate.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+from flashstate.ops.rotary import apply_rotary_
 from flashstate.ops.short_conv import causal_conv1d
+
+
+def dense_on_cpu(t: Tensor) -> Tensor:
+    """`t`, made contiguous on the CPU only: there, torch's sigmoid/SiLU take a vectorised path for dense
+    inputs and a scalar one (different in the last bit) for strided views, and the oracle stays
+    bit-identical to the unfused forms; on CUDA the strided view is read in place."""
+    return t if t.is_cuda else t.contiguous()
 
 
 def _check_act(act: str) -> None:
@@ -44,6 +54,17 @@ class Qwen3NextRMSNorm(nn.Module):
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return (h * (1.0 + self.weight.float())).to(x.dtype)
 
+    def add_forward(self, x: Tensor, residual: Tensor | None) -> tuple[Tensor, Tensor]:
+        """s = residual + x (x alone when residual is None) → (norm(s), s); one fused kernel on CUDA."""
+        if residual is None:
+            return self(x), x
+        if x.is_cuda:
+            from flashstate.ops.norm.triton import add_rms_norm
+
+            return add_rms_norm(x, residual, self.weight, self.eps, offset=1.0)
+        s = residual + x
+        return self(s), s
+
 
 class Qwen3NextRMSNormGated(nn.Module):
     """y = w · (x / rms(x)) · silu(z); the normalised x is cast to x's dtype before the weight."""
@@ -60,7 +81,7 @@ class Qwen3NextRMSNormGated(nn.Module):
             return gated_rms_norm(x, z, self.weight, self.eps)
         h = x.float()
         h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
-        return (self.weight * h * F.silu(z.float())).to(x.dtype)
+        return (self.weight * h * F.silu(dense_on_cpu(z.float()))).to(x.dtype)
 
 
 class RotaryEmbedding(nn.Module):
@@ -94,15 +115,6 @@ class RotaryEmbedding(nn.Module):
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x: [T, H, D]; rotates x[..., :cos.shape[-1]] (halves layout), passes the rest through."""
-    d = cos.shape[-1]
-    rot, rest = x[..., :d], x[..., d:]
-    x1, x2 = rot[..., : d // 2], rot[..., d // 2 :]
-    rotated = torch.cat([-x2, x1], dim=-1)
-    return torch.cat([rot * cos[:, None] + rotated * sin[:, None], rest], dim=-1)
-
-
 class Qwen3NextAttention(AttentionMixer):
     """GQA with per-head q/k RMSNorm, partial rotary, and a sigmoid output gate emitted by q_proj."""
 
@@ -124,20 +136,23 @@ class Qwen3NextAttention(AttentionMixer):
         q = self.q_norm(q)
         k = self.k_norm(self.k_proj(x).view(t, self.num_kv_heads, self.head_dim))
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        q, k = apply_rotary_(q, *rope), apply_rotary_(k, *rope)  # q, k: the norms' fresh outputs
         store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         o = paged_attention(
             q, self.k_cache, self.v_cache, cu_seqlens=meta.cu_seqlens, context_lens=meta.context_lens,
             block_tables=meta.block_tables, scale=self.scale,
         )
-        o = o.reshape(t, -1) * torch.sigmoid(gate.reshape(t, -1))
-        return self.o_proj(o)
+        o = o * torch.sigmoid(dense_on_cpu(gate))  # gate: a strided [T, H, D] view
+        return self.o_proj(o.reshape(t, -1))
 
 
 class Qwen3NextGatedDeltaNet(LinearMixer):
-    """Gated DeltaNet. in_proj_qkvz emits, per key head group (one key head and the HV/Hk value heads it
-    serves), [q (dk) | k (dk) | v (HV/Hk·dv) | z (HV/Hk·dv)]; in_proj_ba emits [b (HV/Hk) | a (HV/Hk)].
-    q, k, v go through the short causal conv (channels [q all heads | k all heads | v all heads])."""
+    """Gated DeltaNet. The checkpoint's in_proj_qkvz emits, per key head group (one key head and the
+    HV/Hk value heads it serves), [q (dk) | k (dk) | v (HV/Hk·dv) | z (HV/Hk·dv)], and in_proj_ba
+    [b (HV/Hk) | a (HV/Hk)]; `checkpoint_rows_to_blocks` re-orders their rows at load into
+    [q all heads | k | v | z] and [b all heads | a], so one GEMM's output splits into contiguous column
+    blocks. q, k, v go through the short causal conv (channels [q all heads | k all heads | v all heads]),
+    which hands them back as three contiguous tensors."""
 
     def __init__(self, hidden: int, spec: LinearSpec, eps: float, act: str):
         super().__init__()
@@ -157,34 +172,45 @@ class Qwen3NextGatedDeltaNet(LinearMixer):
         self.norm = Qwen3NextRMSNormGated(self.dv, eps)
         self.out_proj = nn.Linear(value_dim, hidden, bias=False)
 
+    def checkpoint_rows_to_blocks(self, leaf: str, w: Tensor) -> Tensor:
+        """Checkpoint tensor `leaf` (`in_proj_qkvz.weight` / `in_proj_ba.weight`, this rank's key head
+        groups) with its rows re-ordered from per-group [q|k|v|z] / [b|a] to one block per part."""
+        r = self.nv // self.nk
+        parts = [self.dk, self.dk, r * self.dv, r * self.dv] if leaf.startswith("in_proj_qkvz") else [r, r]
+        grouped = w.reshape(self.nk, sum(parts), *w.shape[1:]).split(parts, dim=1)
+        return torch.cat([p.reshape(-1, *w.shape[1:]) for p in grouped])
+
     def forward(self, x: Tensor, meta: ForwardMetadata) -> Tensor:
-        t, r = x.shape[0], self.nv // self.nk
-        qkvz = self.in_proj_qkvz(x).view(t, self.nk, -1)
-        q, k, v, z = qkvz.split([self.dk, self.dk, r * self.dv, r * self.dv], dim=-1)
-        b, a = self.in_proj_ba(x).view(t, self.nk, 2 * r).split([r, r], dim=-1)
-        mixed = torch.cat([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], dim=-1)  # [T, channels]
-        mixed, conv_exported = causal_conv1d(
+        t = x.shape[0]
+        key_dim, value_dim = self.nk * self.dk, self.nv * self.dv
+        mixed, z = self.in_proj_qkvz(x).split([2 * key_dim + value_dim, value_dim], dim=-1)  # views
+        b, a = self.in_proj_ba(x).split([self.nv, self.nv], dim=-1)
+        (q, k, v), conv_exported = causal_conv1d(
             mixed, self.conv1d.weight[:, 0], self.conv1d.bias, conv_state_pool=self.conv_state,
             state_indices=meta.state_slots, has_initial_state=meta.has_initial_state,
             cu_seqlens=meta.cu_seqlens, export_token_ids=meta.export_token_ids, activation="silu",
+            out_splits=[key_dim, key_dim, value_dim],
         )
-        q, k, v = mixed.split([self.nk * self.dk, self.nk * self.dk, self.nv * self.dv], dim=-1)
-        beta = b.reshape(t, self.nv).sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(a.reshape(t, self.nv).float() + self.dt_bias)
+        beta = dense_on_cpu(b).sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
         op = fused_recurrent_gated_delta_rule if meta.is_decode else chunk_gated_delta_rule
         o, ssm_exported = op(
-            q.reshape(1, t, self.nk, self.dk), k.reshape(1, t, self.nk, self.dk),
-            v.reshape(1, t, self.nv, self.dv), g[None], beta[None],
+            q.view(1, t, self.nk, self.dk), k.view(1, t, self.nk, self.dk),
+            v.view(1, t, self.nv, self.dv), g[None], beta[None],
             state_pool=self.ssm_state, state_indices=meta.state_slots,
             has_initial_state=meta.has_initial_state, cu_seqlens=meta.cu_seqlens,
             export_token_ids=meta.export_token_ids, use_qk_l2norm_in_kernel=True, chunk_size=self.chunk_size,
         )
         self.write_exports(meta, conv_exported, ssm_exported)
-        o = self.norm(o.reshape(t * self.nv, self.dv), z.reshape(t * self.nv, self.dv))
+        o = self.norm(o.view(t, self.nv, self.dv), z.view(t, self.nv, self.dv))
         return self.out_proj(o.reshape(t, -1))
 
 
-class Qwen3NextMLP(nn.Module):
+class Qwen3NextMLP(StackedLinears):
+    """SwiGLU; gate_proj and up_proj run as one GEMM over their stacked rows, then one fused silu · mul."""
+
+    stacked_names = ("gate_proj", "up_proj")
+
     def __init__(self, hidden: int, intermediate: int):
         super().__init__()
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
@@ -192,7 +218,7 @@ class Qwen3NextMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(silu_mul(F.linear(x, self.stacked_weight())))
 
 
 class Qwen3NextSparseMoeBlock(nn.Module):
@@ -243,11 +269,16 @@ class Qwen3NextDecoderLayer(nn.Module):
         self.input_layernorm = Qwen3NextRMSNorm(d, eps)
         self.post_attention_layernorm = Qwen3NextRMSNorm(d, eps)
 
-    def forward(self, x: Tensor, meta: ForwardMetadata, rope: tuple[Tensor, Tensor]) -> Tensor:
-        h = self.input_layernorm(x)
+    def forward(
+        self, x: Tensor, residual: Tensor | None, meta: ForwardMetadata, rope: tuple[Tensor, Tensor]
+    ) -> tuple[Tensor, Tensor]:
+        """The layer's input is residual + x (x alone for the first layer); returns (the FFN's output,
+        the residual stream before it): their sum is the layer's output. Each residual add is fused into
+        the norm that follows it."""
+        h, residual = self.input_layernorm.add_forward(x, residual)
         h = self.linear_attn(h, meta) if self.mixer == "linear" else self.self_attn(h, meta, rope)
-        x = x + h
-        return x + self.mlp(self.post_attention_layernorm(x))
+        h, residual = self.post_attention_layernorm.add_forward(h, residual)
+        return self.mlp(h), residual
 
 
 class Qwen3NextModel(nn.Module):
@@ -262,9 +293,10 @@ class Qwen3NextModel(nn.Module):
     def forward(self, input_ids: Tensor, meta: ForwardMetadata) -> Tensor:
         x = self.embed_tokens(input_ids)
         rope = self.rotary_emb(meta.positions, x.dtype)
+        residual = None
         for layer in self.layers:
-            x = layer(x, meta, rope)
-        return self.norm(x)
+            x, residual = layer(x, residual, meta, rope)
+        return self.norm.add_forward(x, residual)[0]
 
 
 class Qwen3NextForCausalLM(HybridForCausalLM):
@@ -288,3 +320,12 @@ class Qwen3NextForCausalLM(HybridForCausalLM):
 
     def post_load(self) -> None:
         self.model.rotary_emb.reset()
+
+    def from_checkpoint(self, name: str, tensor: Tensor) -> Tensor:
+        """The Gated DeltaNet input projections' rows go from per-key-head-group to per-part blocks."""
+        prefix, _, leaf = name.rpartition(".linear_attn.")
+        if leaf in ("in_proj_qkvz.weight", "in_proj_ba.weight"):
+            mixer = self.get_submodule(f"{prefix}.linear_attn")
+            assert isinstance(mixer, Qwen3NextGatedDeltaNet)
+            return mixer.checkpoint_rows_to_blocks(leaf, tensor)
+        return tensor

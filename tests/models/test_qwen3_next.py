@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 import transformers
 
 from flashstate.models.loader import load_model
@@ -163,3 +164,23 @@ def test_exported_states_resume_like_full_forward(models):
     # The other sequence's export resumes it too.
     h.fork(1, 11, from_slot=30, length=13)
     assert rel_err(h.step({11: other[13:]})[0], full_other[13:]) <= 1e-5
+
+
+def test_projections_split_into_the_checkpoint_parts_bit_for_bit(models):
+    """The block layout of in_proj_qkvz / in_proj_ba (re-ordered at load) and the stacked gate|up GEMM
+    give exactly the values the checkpoint's per-group layout and separate GEMMs give."""
+    hf, ours = models
+    x = torch.randn(23, COMMON["hidden_size"], generator=torch.Generator().manual_seed(9))
+    nk, nv = COMMON["linear_num_key_heads"], COMMON["linear_num_value_heads"]
+    dk, dv, r = COMMON["linear_key_head_dim"], COMMON["linear_value_head_dim"], nv // nk
+    theirs, mine = hf.model.layers[0].linear_attn, ours.model.layers[0].linear_attn
+    with torch.no_grad():
+        grouped = F.linear(x, theirs.in_proj_qkvz.weight).view(23, nk, -1).split([dk, dk, r * dv, r * dv], -1)
+        blocks = mine.in_proj_qkvz(x).split([nk * dk, nk * dk, nv * dv, nv * dv], dim=-1)
+        for want, got in zip(grouped, blocks, strict=True):
+            assert torch.equal(want.reshape(23, -1), got)
+        b, a = F.linear(x, theirs.in_proj_ba.weight).view(23, nk, 2 * r).split([r, r], dim=-1)
+        assert torch.equal(torch.cat([b.reshape(23, -1), a.reshape(23, -1)], -1), mine.in_proj_ba(x))
+        mlp = ours.model.layers[2].mlp
+        assert mlp.stacked_weight().data_ptr() == mlp.gate_proj.weight.data_ptr()  # one GEMM, no copy
+        assert torch.equal(mlp(x), mlp.down_proj(F.silu(mlp.gate_proj(x)) * mlp.up_proj(x)))

@@ -1,9 +1,13 @@
+import pytest
 import torch
 
 from flashstate.ops.attention import naive, sdpa
 
 
-def test_sdpa_prefill_matches_the_oracle_over_cached_prefixes():
+@pytest.mark.parametrize("gqa", ["1", "0"])  # grouped K/V heads into SDPA as they are, or repeated first
+def test_sdpa_prefill_matches_the_oracle_over_cached_prefixes(monkeypatch, gqa):
+    monkeypatch.setenv("FLASHSTATE_SDPA_GQA", gqa)
+    monkeypatch.setattr(sdpa, "_GQA_CHOICE", {})
     g = torch.Generator().manual_seed(0)
     bs, hq, hkv, d, dv = 16, 8, 2, 32, 24
     k_cache = torch.randn(20, bs, hkv, d, generator=g)
@@ -19,3 +23,5 @@ def test_sdpa_prefill_matches_the_oracle_over_cached_prefixes():
     want = naive.paged_attention(q, k_cache, v_cache, **kw)
     got = sdpa.paged_attention(q, k_cache, v_cache, **kw)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # the fresh prompt took the grouped path: torch's CPU SDPA runs grouped heads with the same backend
+    assert (True in sdpa._GQA_CHOICE.values()) == (gqa == "1")

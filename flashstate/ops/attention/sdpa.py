@@ -2,15 +2,45 @@
 paged pool: each sequence's context is gathered from its blocks into one contiguous span, and its new
 queries attend with a lower-right causal mask (query i of L sits at context position ctx - L + i).
 
+Grouped K/V heads go into SDPA as they are (`enable_gqa`) when torch picks the same fused backend for
+them as for K/V repeated to q's heads (decided once per shape class; `FLASHSTATE_SDPA_GQA=0` always
+repeats); otherwise they are repeated first.
+
 One SDPA call per sequence; prefill batches hold few sequences, and the host reads cu_seqlens, so this
 path is not for CUDA graphs (decode uses the Triton kernel).
 """
 
 from __future__ import annotations
 
+import os
+
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention.bias import causal_lower_right
+
+_GQA_CHOICE: dict[tuple, bool] = {}
+
+
+def gqa_in_kernel(q: Tensor, k: Tensor, v: Tensor, scale: float) -> bool:
+    """q: [1, Hq, L, D], k/v: [1, Hkv, L, D/Dv] (causal, L = context): whether SDPA takes the grouped
+    heads directly and still runs the backend it picks for repeated heads."""
+    if os.environ.get("FLASHSTATE_SDPA_GQA", "1") == "0":
+        return False
+    key = (q.device, q.dtype, q.shape[1], k.shape[1], q.shape[-1], v.shape[-1])
+    if key not in _GQA_CHOICE:
+        n, r = min(q.shape[2], 64), q.shape[1] // k.shape[1]
+        qs, ks, vs = q[:, :, :n], k[:, :, :n], v[:, :, :n]
+        try:
+            grouped = torch._fused_sdp_choice(qs, ks, vs, None, 0.0, True, scale=scale, enable_gqa=True)
+            repeated = torch._fused_sdp_choice(
+                qs, ks.repeat_interleave(r, dim=1), vs.repeat_interleave(r, dim=1), None, 0.0, True,
+                scale=scale,
+            )  # fmt: skip
+            _GQA_CHOICE[key] = grouped == repeated
+        except (AttributeError, RuntimeError, TypeError):  # a torch without the choice or enable_gqa
+            _GQA_CHOICE[key] = False
+    return _GQA_CHOICE[key]
 
 
 def paged_attention(
@@ -26,21 +56,24 @@ def paged_attention(
     """Same contract as ops.attention.naive.paged_attention."""
     block_size = k_cache.shape[1]
     hq, hkv = q.shape[1], k_cache.shape[2]
-    out = q.new_empty((q.shape[0], hq, v_cache.shape[-1]))
+    outs = []
     bounds = cu_seqlens.tolist()
     for i, ctx in enumerate(context_lens.tolist()):
         start, end = bounds[i], bounds[i + 1]
         table = block_tables[i, : -(-ctx // block_size)]
-        k = k_cache[table].flatten(0, 1)[:ctx].to(q.dtype).transpose(0, 1)  # [Hkv, ctx, D]
-        v = v_cache[table].flatten(0, 1)[:ctx].to(q.dtype).transpose(0, 1)
-        if hkv != hq:
-            k, v = k.repeat_interleave(hq // hkv, dim=0), v.repeat_interleave(hq // hkv, dim=0)
-        qi = q[start:end].transpose(0, 1)  # [Hq, L, D]
+        k = k_cache[table].flatten(0, 1)[:ctx].to(q.dtype).transpose(0, 1)[None]  # [1, Hkv, ctx, D]
+        v = v_cache[table].flatten(0, 1)[:ctx].to(q.dtype).transpose(0, 1)[None]
+        qi = q[start:end].transpose(0, 1)[None]  # [1, Hq, L, D]
         n = end - start
-        if n == ctx:
-            o = F.scaled_dot_product_attention(qi[None], k[None], v[None], is_causal=True, scale=scale)
+        if n == ctx and (hkv == hq or gqa_in_kernel(qi, k, v, scale)):
+            o = F.scaled_dot_product_attention(qi, k, v, is_causal=True, scale=scale, enable_gqa=hkv != hq)
         else:
-            mask = causal_lower_right(n, ctx)
-            o = F.scaled_dot_product_attention(qi[None], k[None], v[None], attn_mask=mask, scale=scale)
-        out[start:end] = o[0].transpose(0, 1)
-    return out
+            if hkv != hq:
+                k, v = k.repeat_interleave(hq // hkv, dim=1), v.repeat_interleave(hq // hkv, dim=1)
+            if n == ctx:
+                o = F.scaled_dot_product_attention(qi, k, v, is_causal=True, scale=scale)
+            else:
+                mask = causal_lower_right(n, ctx)
+                o = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=scale)
+        outs.append(o[0].transpose(0, 1))  # [L, Hq, Dv]; dense when the kernel wrote in q's layout
+    return outs[0].contiguous() if len(outs) == 1 else torch.cat(outs)

@@ -18,13 +18,17 @@ def causal_conv1d(
     cu_seqlens: Tensor,
     export_token_ids: Tensor | None = None,
     activation: str | None = "silu",
-) -> tuple[Tensor, Tensor]:
+    out_splits: list[int] | None = None,
+) -> tuple[Tensor | tuple[Tensor, ...], Tensor]:
     """y[t] = act(bias + Σ_j weight[:, j] · x[t - K + 1 + j]), reaching into the pooled state before t = 0.
 
     x: [T, D]; weight: [D, K]; conv_state_pool: [S, D, K - 1] holds each slot's last K - 1 inputs
     (oldest first). Returns y: [T, D] and the exported conv states [E, D, K - 1]. Pool slots
-    `state_indices` are overwritten with the last K - 1 inputs of each span.
+    `state_indices` are overwritten with the last K - 1 inputs of each span. With `out_splits` (1 to 3
+    channel counts summing to D), y comes back as one contiguous [T, s] tensor per part.
     """
+    if out_splits is not None and (sum(out_splits) != x.shape[1] or not 1 <= len(out_splits) <= 3):
+        raise ValueError(f"out_splits {out_splits} must be 1 to 3 parts summing to {x.shape[1]}")
     width = weight.shape[1] - 1
     ys, exported = [], {}
     export = [] if export_token_ids is None else export_token_ids.tolist()
@@ -53,4 +57,6 @@ def causal_conv1d(
     out = conv_state_pool.new_empty((len(export), *conv_state_pool.shape[1:]))
     for e in range(len(export)):
         out[e] = exported[e]
+    if out_splits is not None:
+        return tuple(p.contiguous() for p in y.split(out_splits, dim=-1)), out
     return y, out

@@ -8,6 +8,8 @@ and exported states are windows of the same two sources, gathered before the poo
 
 from __future__ import annotations
 
+from itertools import accumulate, pairwise
+
 import torch
 import triton
 import triton.language as tl
@@ -27,8 +29,9 @@ def _conv_kernel(
     has_initial,
     T,
     D,
+    split_a,
+    split_b,
     stride_x_t,
-    stride_y_t,
     stride_pool_s,
     stride_pool_d,
     K: tl.constexpr,
@@ -42,31 +45,43 @@ def _conv_kernel(
     t_ok, d_ok = t < T, d < D
     seq = tl.load(seq_of_token + t, mask=t_ok, other=0)
     local = t - tl.load(cu_seqlens + seq, mask=t_ok, other=0)
-    slot = tl.load(indices + seq, mask=t_ok, other=0).to(tl.int64)
-    has = tl.load(has_initial + seq, mask=t_ok, other=0) != 0
+    # only a tile holding one of a sequence's first K - 1 tokens reaches into a pool slot (rare in a long
+    # prefill): every other tile skips the pool's gathers and their address arithmetic
+    reaches_pool = tl.min(tl.where(t_ok, local, K), axis=0) < K - 1
     acc = tl.zeros([BT, BD], dtype=tl.float32)
     if HAS_BIAS:
         acc += tl.load(bias + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
     for j in tl.static_range(K):
-        pos = local - (K - 1) + j
-        in_x = pos >= 0
-        xm = (t_ok & in_x)[:, None] & d_ok[None, :]
-        xv = tl.load(
-            x + (t - (K - 1) + j).to(tl.int64)[:, None] * stride_x_t + d[None, :], mask=xm, other=0.0
-        )
-        sm = (t_ok & ~in_x & has)[:, None] & d_ok[None, :]
-        col = tl.maximum(K - 1 + pos, 0)
-        sv = tl.load(
-            pool + slot[:, None] * stride_pool_s + d[None, :] * stride_pool_d + col[:, None],
-            mask=sm,
-            other=0.0,
-        )
+        row = t - (K - 1) + j
+        # the mask does not wait for the sequence bounds (a row of the previous sequence is read, then
+        # replaced below): the loads of x go out together with the per-token metadata loads
+        xm = (t_ok & (row >= 0))[:, None] & d_ok[None, :]
+        xv = tl.load(x + row.to(tl.int64)[:, None] * stride_x_t + d[None, :], mask=xm, other=0.0)
+        xv = xv.to(tl.float32)
+        if reaches_pool:
+            pos = local - (K - 1) + j
+            in_x = pos >= 0
+            slot = tl.load(indices + seq, mask=t_ok, other=0).to(tl.int64)
+            has = tl.load(has_initial + seq, mask=t_ok, other=0) != 0
+            sm = (t_ok & ~in_x & has)[:, None] & d_ok[None, :]
+            col = tl.maximum(K - 1 + pos, 0)
+            sv = tl.load(
+                pool + slot[:, None] * stride_pool_s + d[None, :] * stride_pool_d + col[:, None],
+                mask=sm,
+                other=0.0,
+            )
+            xv = tl.where(in_x[:, None], xv, sv.to(tl.float32))
         w = tl.load(weight + d * K + j, mask=d_ok, other=0.0).to(tl.float32)
-        acc += (xv.to(tl.float32) + sv.to(tl.float32)) * w[None, :]
+        acc += xv * w[None, :]
     if SILU:
         acc = acc * tl.sigmoid(acc)
+    # y holds channels [lo, hi) of this tile's part as its own contiguous [T, hi - lo] block at T · lo;
+    # parts are [0, split_a), [split_a, split_b), [split_b, D), and a tile never straddles two
+    d0 = tl.program_id(1) * BD
+    lo = tl.where(d0 < split_a, 0, tl.where(d0 < split_b, split_a, split_b)).to(tl.int64)
+    hi = tl.where(d0 < split_a, split_a, tl.where(d0 < split_b, split_b, D)).to(tl.int64)
     tl.store(
-        y + t.to(tl.int64)[:, None] * stride_y_t + d[None, :],
+        y + lo * T + t.to(tl.int64)[:, None] * (hi - lo) + (d[None, :] - lo),
         acc.to(y.dtype.element_ty),
         mask=t_ok[:, None] & d_ok[None, :],
     )
@@ -162,12 +177,24 @@ def causal_conv1d(
     cu_seqlens: Tensor,
     export_token_ids: Tensor | None = None,
     activation: str | None = "silu",
-) -> tuple[Tensor, Tensor]:
+    out_splits: list[int] | None = None,
+) -> tuple[Tensor | tuple[Tensor, ...], Tensor]:
     """x: [T, D] (rows may be strided, channels contiguous); weight: [D, K]; conv_state_pool: [S, D, K − 1].
-    Returns y: [T, D] and the exported conv states [E, D, K − 1]; pool slots get each span's last inputs."""
+    Returns y: [T, D] (with `out_splits`, one contiguous [T, s] tensor per part) and the exported conv
+    states [E, D, K − 1]; pool slots get each span's last inputs."""
     if activation not in ("silu", None):
         raise ValueError(f"unsupported activation {activation!r}")
     t_total, dim = x.shape
+    bounds = _split_bounds(out_splits, dim)
+    bd = _tile(bounds, dim)
+    if bd is None:  # parts not aligned to a channel tile: compute [T, D], then copy the parts out
+        y, exported = causal_conv1d(
+            x, weight, bias, conv_state_pool=conv_state_pool, state_indices=state_indices,
+            has_initial_state=has_initial_state, cu_seqlens=cu_seqlens, export_token_ids=export_token_ids,
+            activation=activation,
+        )  # fmt: skip
+        assert isinstance(y, Tensor) and out_splits is not None
+        return tuple(p.contiguous() for p in y.split(out_splits, dim=-1)), exported
     kernel = weight.shape[1]
     width = kernel - 1
     cu = cu_seqlens.to(device=x.device, dtype=torch.long)
@@ -179,15 +206,15 @@ def causal_conv1d(
     idx = state_indices.to(device=x.device, dtype=torch.long)
     has = has_initial_state.to(device=x.device)
     seq_of_token = torch.searchsorted(cu, torch.arange(t_total, device=x.device), right=True) - 1
-    y = torch.empty((t_total, dim), dtype=x.dtype, device=x.device)
+    flat = torch.empty(t_total * dim, dtype=x.dtype, device=x.device)
     if t_total:
-        bt, bd = 32, 128
+        bt = 32
         grid = (triton.cdiv(t_total, bt), triton.cdiv(dim, bd))
         _conv_kernel[grid](
             x,
             weight,
             bias if bias is not None else weight,
-            y,
+            flat,
             conv_state_pool,
             seq_of_token,
             cu,
@@ -195,8 +222,9 @@ def causal_conv1d(
             has,
             t_total,
             dim,
+            bounds[0],
+            bounds[1],
             x.stride(0),
-            y.stride(0),
             conv_state_pool.stride(0),
             conv_state_pool.stride(1),
             K=kernel,
@@ -213,4 +241,28 @@ def causal_conv1d(
         exported = _windows(x, conv_state_pool, cu, idx, has, seq_of_token[e], e, e.shape[0])
     finals = _windows(x, conv_state_pool, cu, idx, has, None, None, n)
     conv_state_pool.index_copy_(0, idx, finals)
-    return y, exported
+    if out_splits is None:
+        return flat.view(t_total, dim), exported
+    edges = [0, *accumulate(out_splits)]
+    return tuple(flat[t_total * a : t_total * b].view(t_total, b - a) for a, b in pairwise(edges)), exported
+
+
+def _split_bounds(out_splits: list[int] | None, dim: int) -> tuple[int, int]:
+    """The kernel's two inner part boundaries (split_a, split_b), D standing for "no boundary"."""
+    if out_splits is None:
+        return dim, dim
+    if sum(out_splits) != dim or not 1 <= len(out_splits) <= 3 or min(out_splits) < 1:
+        raise ValueError(f"out_splits {out_splits} must be 1 to 3 positive parts summing to {dim}")
+    inner = [*accumulate(out_splits)][:-1] + [dim, dim]
+    return inner[0], inner[1]
+
+
+def _tile(bounds: tuple[int, int], dim: int) -> int | None:
+    """Channel tile: 128, or the largest power of two ≥ 16 dividing every inner part boundary (a tile
+    never straddles two parts); None if there is none."""
+    bd = 128
+    while bd >= 16:
+        if all(b % bd == 0 for b in bounds if b < dim):
+            return bd
+        bd //= 2
+    return None

@@ -1,0 +1,116 @@
+"""The fused prefill kernels (strided/fused RMSNorms, SiLU·mul, the conv's split output) against their torch
+forms: on CUDA when there is one, else in Triton's interpreter (needs `triton` installed, so CI's CPU venv
+skips this file; run it in a venv with triton)."""
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first @triton.jit of our kernels
+triton = pytest.importorskip("triton")
+
+from flashstate.ops.activation import naive as act_naive  # noqa: E402
+from flashstate.ops.activation.triton import silu_mul  # noqa: E402
+from flashstate.ops.norm.triton import add_rms_norm, gated_rms_norm, rms_norm  # noqa: E402
+from flashstate.ops.rotary import naive as rotary_naive  # noqa: E402
+from flashstate.ops.rotary.triton import apply_rotary_  # noqa: E402
+from flashstate.ops.short_conv import naive as conv_naive  # noqa: E402
+from flashstate.ops.short_conv.triton import causal_conv1d  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _normed(x, eps=1e-6):
+    x = x.float()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def test_norms_read_strided_views_and_fuse_the_residual_add():
+    g = torch.Generator().manual_seed(0)
+    t, h, n = 37, 3, 48
+    wide = torch.randn(t, 4 * h * n, generator=g).to(DEV)  # a projection output: the inputs are views of it
+    x = wide[:, : h * n].view(t, h, n)
+    z = wide[:, 2 * h * n : 3 * h * n].view(t, h, n)
+    q = wide.view(t, 2 * h, 2 * n)[..., :n]  # per head [query | gate]: rows strided, heads strided
+    w = torch.randn(n, generator=g).to(DEV) * 0.1
+    assert not x.is_contiguous() and not q.is_contiguous()
+    torch.testing.assert_close(rms_norm(q, w, 1e-6, offset=1.0), _normed(q) * (1 + w))
+    torch.testing.assert_close(gated_rms_norm(x, z, w, 1e-6), w * _normed(x) * F.silu(z))
+    r = torch.randn(t, h, n, generator=g).to(DEV)
+    y, s = add_rms_norm(x, r, w, 1e-6, offset=1.0)
+    assert torch.equal(s, r + x) and s.is_contiguous() and y.shape == (t, h, n)
+    torch.testing.assert_close(y, _normed(r + x) * (1 + w))
+    flat = torch.randn(t, n, generator=g).to(DEV)
+    torch.testing.assert_close(rms_norm(flat, w, 1e-6), _normed(flat) * w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul_matches_the_unfused_form(dtype):
+    g = torch.Generator().manual_seed(1)
+    gate_up = torch.randn(29, 3 * 1100, generator=g).to(DEV, dtype)[:, : 2 * 1100]  # strided rows
+    got = silu_mul(gate_up)
+    want = act_naive.silu_mul(gate_up.float())
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+    assert got.shape == (29, 1100) and got.dtype == dtype
+    torch.testing.assert_close(got.float(), want, **tol)
+
+
+@pytest.mark.parametrize("splits", [[32, 32, 64], [16, 48], [8, 8, 24], [40]])
+def test_conv_split_output_equals_the_parts_of_the_full_output(splits):
+    torch.manual_seed(4)
+    lens, d = [5, 1, 100, 9], sum(splits)  # tokens 32–95: tiles that never reach into a pool slot
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    wide = torch.randn(sum(lens), d + 24)
+    x, w, b = wide[:, :d], torch.randn(d, 4), torch.randn(d)  # x: a strided view, like q|k|v of qkvz
+    pool = torch.randn(6, d, 3)
+    idx, has = torch.tensor([3, 0, 5, 1]), torch.tensor([True, True, False, True])
+    exports = torch.tensor([0, 4, 6, 30, 54, 105, 110])
+    p1, p2, p3 = pool.clone(), pool.clone().to(DEV), pool.clone()
+    args = dict(state_indices=idx, has_initial_state=has, cu_seqlens=cu, export_token_ids=exports)
+    y1, e1 = conv_naive.causal_conv1d(x, w, b, conv_state_pool=p1, **args)
+    parts, e2 = causal_conv1d(
+        x.to(DEV), w.to(DEV), b.to(DEV), conv_state_pool=p2, out_splits=splits,
+        **{k: v.to(DEV) for k, v in args.items()},
+    )  # fmt: skip
+    assert len(parts) == len(splits)
+    for part, want in zip(parts, y1.split(splits, dim=-1), strict=True):
+        assert part.is_contiguous()
+        torch.testing.assert_close(part.cpu(), want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(e2.cpu(), e1) and torch.equal(p2.cpu(), p1)
+    naive_parts, _ = conv_naive.causal_conv1d(x, w, b, conv_state_pool=p3, out_splits=splits, **args)
+    assert all(torch.equal(a, b) for a, b in zip(naive_parts, y1.split(splits, dim=-1), strict=True))
+
+
+def test_conv_rejects_splits_that_do_not_cover_the_channels():
+    x = torch.randn(4, 16)
+    with pytest.raises(ValueError, match="out_splits"):
+        causal_conv1d(
+            x.to(DEV), torch.randn(16, 4).to(DEV), None, conv_state_pool=torch.zeros(1, 16, 3).to(DEV),
+            state_indices=torch.tensor([0]).to(DEV), has_initial_state=torch.tensor([False]).to(DEV),
+            cu_seqlens=torch.tensor([0, 4]).to(DEV), out_splits=[8, 4],
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("rotary_dims", [8, 12, 16])  # partial rotary; 12: half not a power of two
+def test_rotary_in_place_matches_the_torch_form(rotary_dims):
+    g = torch.Generator().manual_seed(5)
+    t, h, d = 19, 3, 16
+    pos = torch.arange(t, dtype=torch.float32)[:, None] * (
+        1.0 / 100 ** (torch.arange(0, rotary_dims, 2) / rotary_dims)
+    )
+    cos, sin = torch.cat([pos, pos], -1).cos(), torch.cat([pos, pos], -1).sin()
+    wide = torch.randn(t, h, 2 * d, generator=g)  # x: the query half of a [query | gate] projection
+    want = rotary_naive.apply_rotary_(wide[..., :d].clone(), cos, sin)
+    dev = wide.clone().to(DEV)
+    got = apply_rotary_(dev[..., :d], cos.to(DEV), sin.to(DEV))
+    assert got.data_ptr() == dev.data_ptr()  # in place
+    torch.testing.assert_close(got.cpu(), want)
+    assert torch.equal(dev[..., d:].cpu(), wide[..., d:])  # the gate half is untouched
+    half = rotary_dims // 2
+    x1, x2 = wide[..., :half], wide[..., half:rotary_dims]
+    c, s = cos[:, None, :half], sin[:, None, :half]
+    torch.testing.assert_close(want[..., :half], x1 * c - x2 * s)
+    assert torch.equal(want[..., rotary_dims:], wide[..., rotary_dims:d])
