@@ -109,12 +109,12 @@ class LLMEngine:
 
             self.tp = TensorParallelDriver(config, str(model_dir), self.device)
             self.device = self.tp.device
+        self._in_flight: tuple[ScheduledBatch, InFlight] | None = None  # a decode step launched ahead
         try:
             self._build(config, model_dir, dtype)
         except BaseException:
             self.close()
             raise
-        self._in_flight: tuple[ScheduledBatch, InFlight] | None = None  # a decode step launched ahead
         tp = config.tensor_parallel_size
         logger.info(
             "%s on %s (%s, tensor parallel %d): %s",
