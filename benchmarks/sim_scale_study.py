@@ -54,7 +54,8 @@ def working_set_bytes(sessions: list, agents: int, profile_name: str | None) -> 
 def one_run(job: dict[str, Any]) -> dict[str, Any]:
     sessions = load_workload(TRACES, "auto", None, None)
     profile = load_profile(job["profile"])
-    config = engine_config(profile, ["--kv-cache-memory-bytes", str(job["budget"])], job["policy"])
+    gpus = job.get("gpus", 1)  # engines behind session-affinity routing, each with its share of the budget
+    config = engine_config(profile, ["--kv-cache-memory-bytes", str(job["budget"] // gpus)], job["policy"])
     replay = ReplayConfig(
         base_url=f"sim://{profile.name}",
         agents=job["agents"],
@@ -63,6 +64,7 @@ def one_run(job: dict[str, Any]) -> dict[str, Any]:
         ramp_s=job["ramp"],
         seed=job["seed"],
         progress=False,
+        num_gpus=gpus,
     )
     t0 = time.process_time()
     run, facts = simulate(profile, config, replay, sessions)
@@ -127,9 +129,9 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| agents | budget (% W) | budget | policy | token hit rate | p50 TTFT (s) | p90 TTFT (s) | "
-        "requests | output TPM | CPU s |",
-        "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+        "| agents | engines | budget (% W) | budget | policy | token hit rate | p50 TTFT (s) "
+        "| p90 TTFT (s) | requests | output TPM | CPU s |",
+        "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in sorted(rows, key=lambda r: (r["agents"], r["fraction"], POLICIES.index(r["policy"]))):
         hit = "–" if r["hit_rate"] is None else f"{r['hit_rate']:.1%}"
@@ -138,10 +140,24 @@ def table(rows: list[dict[str, Any]]) -> str:
         reqs = "–" if r["requests"] is None else r["requests"]
         tpm = "–" if r["output_tpm"] is None else f"{r['output_tpm']:,.0f}"
         lines.append(
-            f"| {r['agents']} | {100 * r['fraction']:.0f}% | {r['budget'] / 1e9:.1f} GB | {r['policy']} | "
+            f"| {r['agents']} | {r.get('gpus', 1)} | {100 * r['fraction']:.0f}% | {r['budget'] / 1e9:.1f} GB "
+            f"| {r['policy']} | "
             f"{hit} | {p50} | {p90} | {reqs} | {tpm} | {r['cpu_s']:.0f} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def save(out: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Merge `rows` into out/scale.json (runs for other agent counts, budgets or policies stay) and
+    rewrite table.md; returns the merged rows."""
+    path = out / "scale.json"
+    if path.exists():
+        new = {(r["agents"], r["fraction"], r["policy"]) for r in rows}
+        old = json.loads(path.read_text())["rows"]
+        rows = [r for r in old if (r["agents"], r["fraction"], r["policy"]) not in new] + rows
+    path.write_text(json.dumps({"rows": rows}, indent=1) + "\n")
+    (out / "table.md").write_text(table(rows))
+    return rows
 
 
 def main() -> int:
@@ -155,6 +171,9 @@ def main() -> int:
     p.add_argument("--ramp", type=float, default=600.0, help="lane start stagger (simulated s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=2, help="runs in parallel (processes)")
+    p.add_argument(
+        "--agents-per-gpu", type=int, default=0, help="engines = ceil(agents / this); 0: one engine"
+    )
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/sim-scale-2026-11-29"))
     args = p.parse_args()
     sessions = load_workload(TRACES, "auto", None, None)
@@ -179,38 +198,32 @@ def main() -> int:
                         "duration": args.duration,
                         "ramp": args.ramp,
                         "seed": args.seed,
+                        "gpus": -(-n // args.agents_per_gpu) if args.agents_per_gpu else 1,
                     }
                 )
     jobs.sort(key=lambda j: -j["agents"])  # the long runs first
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows: list[dict[str, Any]] = []
+    merged: list[dict[str, Any]] = []
     t0 = time.time()
+    run = {
+        "command": " ".join(sys.argv),
+        "machine": f"{platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+        "created": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "traces": TRACES,
+    }
     with ProcessPoolExecutor(args.jobs) as pool:
         for row in pool.map(one_run, jobs):
+            row["invocation"] = run | {"wall_s": time.time() - t0}
             rows.append(row)
             print(
                 f"{row['agents']} agents {row['fraction']:.0%} {row['policy']}: hit {row['hit_rate']}, "
                 f"p90 TTFT {row['ttft_p90']}, {row['cpu_s']:.0f} s CPU",
                 file=sys.stderr,
             )
-    run = {
-        "command": " ".join(sys.argv),
-        "machine": f"{platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
-        "created": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "wall_s": time.time() - t0,
-        "traces": TRACES,
-    }
-    for r in rows:
-        r["invocation"] = run
-    path = args.out / "scale.json"
-    if path.exists():  # runs for other agent counts or budgets stay
-        new = {(r["agents"], r["fraction"], r["policy"]) for r in rows}
-        old = json.loads(path.read_text())["rows"]
-        rows = [r for r in old if (r["agents"], r["fraction"], r["policy"]) not in new] + rows
-    path.write_text(json.dumps({"rows": rows}, indent=1) + "\n")
-    (args.out / "table.md").write_text(table(rows))
-    plot(rows, args.out)
-    print(table(rows))
+            merged = save(args.out, rows)  # after every run: an interrupted study keeps what finished
+    plot(merged, args.out)
+    print(table(merged))
     return 0
 
 
