@@ -164,6 +164,8 @@ class LLMEngine:
         """A fresh prefix cache (empty tree, free pools, zero counters) and scheduler over the runner's
         cache tensors."""
         c, caches = self.config, self.runner.caches
+        if self._in_flight is not None:
+            raise RuntimeError("a new prefix cache while a decode step is in flight")
         self.cache = CacheManager(
             BlockPool(self.plan.num_blocks, c.block_size),
             StatePool(self.plan.num_slots, caches.copy_slot),
