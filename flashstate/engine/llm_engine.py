@@ -190,6 +190,7 @@ class LLMEngine:
             self.add_request(first[: n // 3], params)  # a second sequence: mixed steps
             while self.has_unfinished():
                 self.step()
+
     def _prefill_cost(self, caches: CacheTensors) -> PrefillCost:
         """C(n) from the flag, else (when GDS needs it) the cached or a fresh calibration."""
         c = self.config
