@@ -15,12 +15,17 @@ output's delta_text (what a streaming server does; the engine may leave detokeni
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 
 from flashstate import LLM, SamplingParams
+
+sys.path.insert(0, str(Path(__file__).parent / "gpu"))
+from engine_setup import timed  # noqa: E402
 
 
 class StubModel(torch.nn.Module):
@@ -43,29 +48,6 @@ class StubModel(torch.nn.Module):
         n = hidden.shape[0]
         pos = self._positions[-n:] if self._positions.numel() >= n else torch.zeros(n, dtype=torch.long)
         return self.table[pos % self.rows]
-
-
-_ACTIVE: set[str] = set()
-
-
-def timed(obj, name: str, totals: dict[str, float], key: str) -> None:
-    """Wrap obj.name so its wall time accumulates in totals[key] (a call inside another timed call under the
-    same key, e.g. runner.run calling runner.launch, is not counted twice)."""
-    fn = getattr(obj, name)
-    active = _ACTIVE
-
-    def wrapper(*args, **kwargs):
-        if key in active:
-            return fn(*args, **kwargs)
-        active.add(key)
-        t = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            active.discard(key)
-            totals[key] += time.perf_counter() - t
-
-    setattr(obj, name, wrapper)
 
 
 def bench(batches: list[int], context: int, steps: int, engine_kw: dict) -> list[dict]:

@@ -1,5 +1,5 @@
-"""What the engine benchmarks on the GPU share: a greedy sampling preset, a CUDA timer, an LLM on the card
-with the benchmark defaults, and reproducible token-id prompts."""
+"""What the engine benchmarks share: a greedy sampling preset, a CUDA timer, a wall-time wrapper for an
+engine's methods, an LLM on the card with the benchmark defaults, and reproducible token-id prompts."""
 
 from __future__ import annotations
 
@@ -40,3 +40,26 @@ def make_llm(model_dir: Path, **kw) -> LLM:
 def prompt(n: int, seed: int) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(100, 2000, (n,), generator=g).tolist()
+
+
+_ACTIVE: set[str] = set()
+
+
+def timed(obj, name: str, totals: dict[str, float], key: str) -> None:
+    """Wrap obj.name so its wall time accumulates in totals[key] (a call inside another timed call under the
+    same key, e.g. runner.run calling runner.launch, is not counted twice)."""
+    fn = getattr(obj, name)
+    active = _ACTIVE
+
+    def wrapper(*args, **kwargs):
+        if key in active:
+            return fn(*args, **kwargs)
+        active.add(key)
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            active.discard(key)
+            totals[key] += time.perf_counter() - t
+
+    setattr(obj, name, wrapper)

@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from engine_setup import GREEDY, cuda_time, make_llm, prompt  # noqa: E402
+from engine_setup import GREEDY, cuda_time, make_llm, prompt, timed  # noqa: E402
 from exactness import check_greedy_paths, check_oracle  # noqa: E402
 from smoke import ceilings  # noqa: E402
 
@@ -163,29 +163,6 @@ def bench_export(model_dir: Path, n: int, out: dict) -> None:
     torch.cuda.empty_cache()
 
 
-_ACTIVE: set[str] = set()
-
-
-def _timed(obj, name: str, totals: dict[str, float], key: str) -> None:
-    """Wrap obj.name so its wall time accumulates in totals[key] (a call inside another timed call under the
-    same key, e.g. runner.run calling runner.launch, is not counted twice)."""
-    fn = getattr(obj, name)
-    active = _ACTIVE
-
-    def wrapper(*args, **kwargs):
-        if key in active:
-            return fn(*args, **kwargs)
-        active.add(key)
-        t = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            active.discard(key)
-            totals[key] += time.perf_counter() - t
-
-    setattr(obj, name, wrapper)
-
-
 def bench_decode(
     model_dir: Path,
     batches: list[int],
@@ -213,12 +190,12 @@ def bench_decode(
         )
         engine = llm.engine
         totals: dict[str, float] = defaultdict(float)
-        _timed(engine.scheduler, "schedule", totals, "schedule")
+        timed(engine.scheduler, "schedule", totals, "schedule")
         # A pipelined decode step (async scheduling) goes through launch / launch_ahead / collect, not run.
         for name in ("run", "launch", "launch_ahead", "collect"):
-            _timed(engine.runner, name, totals, "runner")
-        _timed(engine.runner.sampler, "forward", totals, "sampler")
-        _timed(engine, "_postprocess", totals, "postprocess")
+            timed(engine.runner, name, totals, "runner")
+        timed(engine.runner.sampler, "forward", totals, "sampler")
+        timed(engine, "_postprocess", totals, "postprocess")
         base = prompt(context - 1, 12)
         llm.generate([base], SamplingParams(max_tokens=1, **GREEDY))
         graphs = engine.runner.graphs
