@@ -336,6 +336,8 @@ class HostTier:
                     else:
                         self.stats.misses_dropped += 1
                     self._forget_object(key)
+                if key in verified:  # gone from the store now, not when the writer gets to it: a probe
+                    self._remove_now(key)  # of a shared store must not find it in between
                 return None
             objects.append(views(key, buffer, specs))
         return objects
@@ -366,6 +368,12 @@ class HostTier:
         self.stats.restored_tokens += hit.depth
         self.stats.shared_tokens += first_chunk * c
         return event
+
+    def _remove_now(self, key: str) -> None:
+        try:
+            self.store.remove(key)
+        except StoreUnavailableError as e:
+            self.mark_unavailable(e)
 
     def _forget_object(self, key: str) -> None:
         """A chunk or state object is gone or bad: every state that needs it leaves the index."""
