@@ -14,7 +14,6 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from dataclasses import dataclass
 
 import torch
 
@@ -30,10 +29,9 @@ from flashstate.engine.cache_tensors import CacheTensors
 from flashstate.engine.calibration import load_or_calibrate, max_calibration_tokens
 from flashstate.engine.model_runner import InFlight, ModelRunner
 from flashstate.engine.outputs import RequestOutput
+from flashstate.engine.request_state import RequestState
 from flashstate.engine.scheduler import ScheduledBatch, Scheduler
 from flashstate.engine.sequence import Sequence
-from flashstate.engine.stop_checker import Finish, StopChecker
-from flashstate.engine.text_stream import TextStream
 from flashstate.models.loader import load_model
 from flashstate.models.spec import DTYPES
 from flashstate.sampling_params import SamplingParams
@@ -57,39 +55,6 @@ def cache_budget(config: EngineConfig, device: torch.device) -> int:
         used = total - free
         return max(int(total * config.gpu_memory_utilization) - used, 0)
     return config.cpu_cache_memory_bytes
-
-
-@dataclass(slots=True)
-class _Request:
-    """What the engine keeps per request besides its Sequence.
-
-    A request with stop strings needs its text to know when it is done: its StopChecker runs in the step
-    loop (`stop`, `text`). Every other request is decided on token ids alone (`eos`, `stop_ids`,
-    `max_len`) and its text is detokenised by its TextStream when an output is read (`stream`)."""
-
-    seq: Sequence
-    prompt: str | None
-    prompt_token_ids: list[int]  # one copy, shared by every output
-    stop: StopChecker | None = None
-    stream: TextStream | None = None
-    eos: frozenset[int] = frozenset()
-    stop_ids: frozenset[int] = frozenset()
-    max_len: int | None = None  # len(seq.token_ids) at which max_tokens is reached
-    text: str = ""  # with `stop`: streamed so far, never holding a possible stop-string prefix
-    num_reported: int = 0  # len(seq.token_ids) at the previous output
-
-    def finish_by_ids(self, token: int, length: int) -> Finish | None:
-        """The StopChecker's decision for a request without stop strings, on ids only."""
-        if token in self.eos:
-            return _EOS
-        if token in self.stop_ids:
-            return Finish("stop", token)
-        if self.max_len is not None and length >= self.max_len:
-            return _LENGTH
-        return None
-
-
-_EOS, _LENGTH = Finish("stop"), Finish("length")
 
 
 class LLMEngine:
@@ -144,7 +109,7 @@ class LLMEngine:
         # Decode graphs stay single-rank for now: a worker would have to capture and replay the same graphs.
         if not config.enforce_eager and self.tp is None:
             self.runner.capture_graphs(config.max_num_seqs, -(-self.max_model_len // config.block_size))
-        self.requests: dict[str, _Request] = {}
+        self.requests: dict[str, RequestState] = {}
         self._ids = itertools.count()
         self.host = None
         if self.device.type == "cuda":
@@ -247,22 +212,8 @@ class LLMEngine:
         seq = Sequence(request_id, token_ids, params)
         seq.hint_positions = sorted({p for p in checkpoint_positions or [] if 0 < p <= len(token_ids)})
         self.scheduler.add(seq)
-        checker = StopChecker(
-            params,
-            lambda ids: self.tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens),
-            self.eos_token_ids,
-            token_ids,
-        )
-        n = len(token_ids)
-        req = _Request(seq, text, list(token_ids), num_reported=n)
-        if params.stop:
-            req.stop = checker
-        else:
-            req.stream = TextStream(checker, seq.token_ids, n)
-            req.eos = frozenset(() if params.ignore_eos else self.eos_token_ids)
-            req.stop_ids = frozenset(params.stop_token_ids)
-            req.max_len = None if params.max_tokens is None else n + params.max_tokens
-        self.requests[request_id] = req
+        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)  # noqa: E731
+        self.requests[request_id] = RequestState.new(seq, text, decode, self.eos_token_ids)
         return request_id
 
     def abort(self, request_id: str) -> RequestOutput | None:
@@ -391,7 +342,7 @@ class LLMEngine:
             outputs.append(self._output(req, delta))
         return outputs
 
-    def _output(self, req: _Request, delta_text: str) -> RequestOutput:
+    def _output(self, req: RequestState, delta_text: str) -> RequestOutput:
         seq = req.seq
         end = len(seq.token_ids)
         prev, req.num_reported = req.num_reported, end

@@ -188,16 +188,13 @@ TestSglang = _case("sglang")
 TestNone = _case("none")
 
 
-@pytest.mark.parametrize("name", ["flashstate", "flashstate-shared"])
-def test_the_machine_reaches_hits_evictions_and_exports(name):
-    """Guard against a vacuous machine: a seeded random walk over the same rules sees hits, evictions of
-    both kinds, refusals and exports (with the shared budget: the charge reaches the budget, and blocks
-    and checkpoints take turns holding it)."""
+def _walk(machine: CacheMachine, with_time: bool, steps: int = 3000):
+    """A seeded random walk over the machine's rules, checking its invariants after each step (yields
+    once per step)."""
     rng = random.Random(0)
-    machine = type(f"Machine_{name}_walk", (CacheMachine,), {"policy_name": name})()
-    most_checkpoints, most_blocks = 0, 0
-    for _ in range(3000):
-        action = rng.choice(["new", "new", "admit", "step", "step", "step", "finish", "pressure", "time"])
+    actions = ["new", "new", "admit", "step", "step", "step", "finish", "pressure"] + ["time"] * with_time
+    for _ in range(steps):
+        action = rng.choice(actions)
         if action == "new":
             machine.new_request(rng.randrange(2**16), rng.choice(["fresh", "next_turn", "fork", "resend"]))
         elif action == "admit" and machine.waiting and len(machine.running) < 6:
@@ -211,6 +208,17 @@ def test_the_machine_reaches_hits_evictions_and_exports(name):
         elif action == "time":
             machine.time_passes(rng.uniform(0.1, 5.0))
         machine.integrity()
+        yield
+
+
+@pytest.mark.parametrize("name", ["flashstate", "flashstate-shared"])
+def test_the_machine_reaches_hits_evictions_and_exports(name):
+    """Guard against a vacuous machine: a seeded random walk over the same rules sees hits, evictions of
+    both kinds, refusals and exports (with the shared budget: the charge reaches the budget, and blocks
+    and checkpoints take turns holding it)."""
+    machine = type(f"Machine_{name}_walk", (CacheMachine,), {"policy_name": name})()
+    most_checkpoints, most_blocks = 0, 0
+    for _ in _walk(machine, with_time=True):
         pool = machine.cache.block_pool
         most_checkpoints = max(most_checkpoints, machine.cache.num_checkpoints)
         most_blocks = max(most_blocks, pool.num_blocks - pool.num_free)
@@ -225,20 +233,8 @@ def test_the_machine_reaches_hits_evictions_and_exports(name):
 
 def test_the_vllm_machine_reaches_hits_and_pool_evictions():
     """The vllm machine is not vacuous either: its emulated page pool gives hits and evicts states."""
-    rng = random.Random(0)
     machine = type("Machine_vllm_walk", (CacheMachine,), {"policy_name": "vllm"})()
-    for _ in range(3000):
-        action = rng.choice(["new", "new", "admit", "step", "step", "step", "finish", "pressure"])
-        if action == "new":
-            machine.new_request(rng.randrange(2**16), rng.choice(["fresh", "next_turn", "fork", "resend"]))
-        elif action == "admit" and machine.waiting and len(machine.running) < 6:
-            machine.admit()
-        elif action == "step" and machine.running:
-            machine.step(rng.randrange(6), rng.randint(1, 9), rng.randrange(3))
-        elif action == "finish" and machine.running:
-            machine.finish(rng.randrange(6), rng.random() < 0.9)
-        elif action == "pressure":
-            machine.pressure(rng.randint(1, 28))
-        machine.integrity()
+    for _ in _walk(machine, with_time=False):
+        pass
     s = machine.cache.stats
     assert s.hits > 10 and s.evictions["vllm_pool"] > 5 and machine.cache.pages.num_evicted > 20, s
