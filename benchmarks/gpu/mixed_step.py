@@ -48,7 +48,21 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def run(model_dir: Path, batch: int, context: int, budget: int, chunk: int, device: str) -> dict:
+def profiled_step(engine, path: Path) -> None:
+    """One step under the torch profiler; its CUDA-time table goes to `path`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        engine.step()
+        sync()
+    key = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
+    path.write_text(prof.key_averages().table(sort_by=key, row_limit=40))
+
+
+def run(
+    model_dir: Path, batch: int, context: int, budget: int, chunk: int, device: str, profile_dir: Path | None
+) -> dict:
     kw = {} if device == "cuda" else dict(device=device, dtype="float32", kv_cache_memory_bytes=1 << 30)
     llm = make_llm(model_dir, max_num_seqs=batch + 2, max_num_batched_tokens=budget, **kw)
     engine = llm.engine
@@ -78,6 +92,9 @@ def run(model_dir: Path, batch: int, context: int, budget: int, chunk: int, devi
         mixed = [s for s in steps if s[1] > 0]
         rows[f"{label}_steps"] = [(round(1e3 * t, 2), p, d) for t, p, d in mixed]
         rows[f"{label}_prefill_tok_s"] = sum(p for _, p, _ in mixed) / max(sum(t for t, _, _ in mixed), 1e-9)
+    if profile_dir is not None:
+        engine.add_request(shared + prompt(chunk, seed=10), SamplingParams(max_tokens=1, temperature=0))
+        profiled_step(engine, profile_dir / f"mixed_step_profile_{budget}.txt")
     alone = make_alone(llm, chunk)
     rows["prefill_alone_ms"] = alone
     for req in list(engine.requests):
@@ -107,11 +124,16 @@ def main() -> None:
     p.add_argument("--context", type=int, default=16384)
     p.add_argument("--budgets", default="8192,32768")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--profile", action="store_true", help="profile one mixed step over the prefix")
     args = p.parse_args()
     model_dir = preset_dir(args.preset)
     budgets = [int(b) for b in args.budgets.split(",")]
-    rows = [run(model_dir, args.batch, args.context, b, b - args.batch, args.device) for b in budgets]
     out = Path(os.environ.get("OUT", "."))
+    out.mkdir(parents=True, exist_ok=True)
+    profile_dir = out if args.profile else None
+    rows = [
+        run(model_dir, args.batch, args.context, b, b - args.batch, args.device, profile_dir) for b in budgets
+    ]
     (out / "mixed_step.json").write_text(json.dumps(rows, indent=1))
     print("| budget | decode step | fresh chunk: steps (ms, prefill tokens, decodes) | prefill tok/s "
           "| over the prefix: tok/s | chunk alone |")  # fmt: skip

@@ -50,11 +50,11 @@ def _close(llm: LLM) -> None:
         torch.cuda.empty_cache()
 
 
-def _workload(llm: LLM, seed: int, turn_tokens: int) -> tuple[list[list[int]], list[int]]:
-    """Greedy tokens of every request and the cached depth of every turn-2 request."""
+def _workload(llm: LLM, seed: int, turn_tokens: int) -> tuple[list[list[int]], list[list[float]], list[int]]:
+    """Greedy tokens and their logprobs of every request, and the cached depth of every turn-2 request."""
     rng = random.Random(seed)
     vocab = llm.engine.spec.vocab_size
-    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=0)
     agents = [[rng.randrange(vocab) for _ in range(turn_tokens + rng.randrange(13))] for _ in range(3)]
     first = llm.generate(agents, params)
     fork = agents[0][: rng.randint(3, len(agents[0]))] + [rng.randrange(vocab) for _ in range(7)]
@@ -62,7 +62,8 @@ def _workload(llm: LLM, seed: int, turn_tokens: int) -> tuple[list[list[int]], l
         a + o.token_ids + [rng.randrange(vocab) for _ in range(5)] for a, o in zip(agents, first, strict=True)
     ]
     outs = llm.generate([*second, fork], params)
-    return [o.token_ids for o in first + outs], [o.num_cached_tokens for o in outs]
+    every = first + outs
+    return [o.token_ids for o in every], [o.logprobs for o in every], [o.num_cached_tokens for o in outs]
 
 
 def check_exactness(presets: list[str], tp: int, device: str, turn_tokens: int) -> list[dict]:
@@ -79,16 +80,29 @@ def check_exactness(presets: list[str], tp: int, device: str, turn_tokens: int) 
                 time.perf_counter() - start,
             )
             _close(llm)
-        tokens_1, cached_1, _ = result[1]
-        tokens_n, cached_n, _ = result[tp]
+        tokens_1, logprobs_1, cached_1, _ = result[1]
+        tokens_n, logprobs_n, cached_n, _ = result[tp]
+        first = [
+            next((i for i, (a, b) in enumerate(zip(x, y, strict=True)) if a != b), None)
+            for x, y in zip(tokens_1, tokens_n, strict=True)
+        ]
+        # A near tie flipped by the summation order shows as tiny logprob differences up to the first
+        # differing step and two close logprobs there; a sharding bug as large ones.
+        same = [
+            abs(a - b)
+            for x, y, f in zip(logprobs_1, logprobs_n, first, strict=True)
+            for a, b in zip(x[:f], y[:f], strict=False)
+        ]
         rows.append(
             {
                 "preset": preset,
                 "tokens_equal": tokens_1 == tokens_n,
                 # per request: the first step whose token differs (None: equal)
-                "first_difference": [
-                    next((i for i, (a, b) in enumerate(zip(x, y, strict=True)) if a != b), None)
-                    for x, y in zip(tokens_1, tokens_n, strict=True)
+                "first_difference": first,
+                "max_logprob_difference_before": max(same, default=0.0),
+                "logprobs_at_difference": [
+                    None if f is None else (x[f], y[f])
+                    for x, y, f in zip(logprobs_1, logprobs_n, first, strict=True)
                 ],
                 "cached_tp1": cached_1,
                 f"cached_tp{tp}": cached_n,
