@@ -110,6 +110,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         default=d.async_scheduling,
         help="prepare and launch the next decode step while the current one runs on the device",
     )
+    g.add_argument(
+        "--step-trace",
+        metavar="PATH",
+        default=d.step_trace,
+        help="append one JSON line per engine step to PATH (start, duration, prefill tokens, decodes, queue)",
+    )
 
 
 def add_cache_args(p: argparse.ArgumentParser) -> None:

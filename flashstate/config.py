@@ -56,6 +56,7 @@ class EngineConfig:
     # Pure-decode steps: launch step n+1 before reading step n's tokens (the engine falls back to synchronous
     # steps whenever that could change what is computed: stop strings, admissions, preemption...).
     async_scheduling: bool = True
+    step_trace: str | None = None  # a file that gets one JSON line per engine step
     max_request_body_bytes: int = 32 << 20  # larger request bodies get 413
 
     @property

@@ -131,10 +131,10 @@ def main() -> None:
     out = Path(os.environ.get("OUT", "."))
     out.mkdir(parents=True, exist_ok=True)
     profile_dir = out if args.profile else None
-    rows = [
-        run(model_dir, args.batch, args.context, b, b - args.batch, args.device, profile_dir) for b in budgets
-    ]
-    (out / "mixed_step.json").write_text(json.dumps(rows, indent=1))
+    rows = []
+    for b in budgets:
+        rows.append(run(model_dir, args.batch, args.context, b, b - args.batch, args.device, profile_dir))
+        (out / "mixed_step.json").write_text(json.dumps(rows, indent=1))
     print("| budget | decode step | fresh chunk: steps (ms, prefill tokens, decodes) | prefill tok/s "
           "| over the prefix: tok/s | chunk alone |")  # fmt: skip
     for r in rows:

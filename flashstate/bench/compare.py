@@ -24,6 +24,7 @@ import httpx
 from flashstate.bench.cost import Prices
 from flashstate.bench.replay import ReplayConfig, replay
 from flashstate.bench.report import build_result
+from flashstate.bench.step_summary import summarize_steps
 from flashstate.bench.workloads import Session
 
 
@@ -133,9 +134,17 @@ def run_compare(
     for v in variants:
         log(f"== {v.name}: starting the server")
         log_path = out_dir / f"server-{v.name}.log"
-        with server_process(spec, v.policy, log_path, v.serve_args) as (base_url, cmd):
+        steps = out_dir / f"steps-{v.name}.jsonl"
+        steps.unlink(missing_ok=True)
+        extra = (*v.serve_args, "--step-trace", str(steps))
+        with server_process(spec, v.policy, log_path, extra) as (base_url, cmd):
             log(f"== {v.name}: replaying on {base_url}")
             run = replay(replace(config, base_url=base_url), workload())
-        server = {"command": cmd, "cache_policy": v.policy, "variant_args": list(v.serve_args)}
+        server = {
+            "command": cmd,
+            "cache_policy": v.policy,
+            "variant_args": list(v.serve_args),
+            "steps": summarize_steps(steps),  # the whole server run, warm-up and drain included
+        }
         results[v.name] = build_result(run, v.name, workload_info, scale, prices, server)
     return results

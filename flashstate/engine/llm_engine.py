@@ -11,6 +11,7 @@ strings.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
 import time
@@ -32,6 +33,7 @@ from flashstate.engine.outputs import RequestOutput
 from flashstate.engine.request_state import RequestState
 from flashstate.engine.scheduler import ScheduledBatch, Scheduler
 from flashstate.engine.sequence import Sequence
+from flashstate.engine.step_trace import StepTrace
 from flashstate.models.loader import load_model
 from flashstate.models.spec import DTYPES
 from flashstate.sampling_params import SamplingParams
@@ -51,6 +53,8 @@ def cache_budget(config: EngineConfig, device: torch.device) -> int:
     if config.kv_cache_memory_bytes is not None:
         return config.kv_cache_memory_bytes
     if device.type == "cuda":
+        gc.collect()  # engines closed in this process hand their memory back first
+        torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(device)
         used = total - free
         return max(int(total * config.gpu_memory_utilization) - used, 0)
@@ -75,6 +79,8 @@ class LLMEngine:
             self.tp = TensorParallelDriver(config, str(model_dir), self.device)
             self.device = self.tp.device
         self._in_flight: tuple[ScheduledBatch, InFlight] | None = None  # a decode step launched ahead
+        self.trace: StepTrace | None = None
+        self._scheduled_at = 0.0
         try:
             self._build(config, model_dir, dtype)
         except BaseException:
@@ -117,6 +123,8 @@ class LLMEngine:
             self._warm_up()
         self.host = build_host_tier(config, self.model, caches, self.cost)
         self._new_cache()
+        if config.step_trace is not None:
+            self.trace = StepTrace(config.step_trace)
         if self.host is not None:
             logger.info(
                 "host tier: %s store, %.1f MiB, %d-token chunks",
@@ -231,17 +239,26 @@ class LLMEngine:
     # ---- the loop -------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        if self.trace is None:
+            return self._step()[1]
+        start = self._scheduled_at = time.monotonic()
+        batch, outputs = self._step()
+        self.trace.record(start, self._scheduled_at, batch, self.scheduler)
+        return outputs
+
+    def _step(self) -> tuple[ScheduledBatch | None, list[RequestOutput]]:
         if self._in_flight is not None:
             batch, flight = self._in_flight
             self._in_flight = None
-            return self._pipeline(batch, flight)
+            return batch, self._pipeline(batch, flight)
         batch = self.scheduler.schedule()
+        self._scheduled_at = time.monotonic()
         if not batch.seqs:
-            return []
+            return None, []
         if self._may_pipeline() and self.runner.is_decode(batch):
-            return self._pipeline(batch, self.runner.launch(batch))
+            return batch, self._pipeline(batch, self.runner.launch(batch))
         out = self.runner.run(batch)
-        return self._postprocess(batch, out.token_ids, out.logprobs, out.seconds)
+        return batch, self._postprocess(batch, out.token_ids, out.logprobs, out.seconds)
 
     # ---- async scheduling: launch step n+1 while step n runs ---------------------------------------
     #
@@ -371,6 +388,9 @@ class LLMEngine:
         host, self.host = getattr(self, "host", None), None
         if host is not None:
             host.close()
+        trace, self.trace = getattr(self, "trace", None), None
+        if trace is not None:
+            trace.close()
         if self.tp is not None:
             self.tp.shutdown()
 

@@ -176,6 +176,7 @@ def main() -> None:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--cache-policy", default="flashstate", choices=CACHE_POLICIES)
     p.add_argument("--echo-ids", action="store_true")
+    p.add_argument("--step-trace")  # the real server's step log; nothing steps here
     args = p.parse_args()
 
     async def run() -> None:

@@ -25,6 +25,9 @@ def test_compare_flashstate_vs_vllm_on_real_servers(tmp_path):
         check = r["server_metrics"]["cross_check"]
         assert check["equal"], check  # client-side cached tokens = the server's prefix_cache_hits
         assert r["summary"]["ttft_s"]["p50"] > 0
+        steps = r["server"]["steps"]  # from the server's step trace
+        assert steps["prefill_steps"] > 0 and steps["decode_steps"] > 0
+        assert 0 < steps["busy_fraction"] <= 1 and steps["prefill_tok_per_s_in_prefill_steps"] > 0
     hit = {p: doc["results"][p]["summary"]["token_hit_rate"] for p in ("flashstate", "vllm")}
     assert hit["flashstate"] >= hit["vllm"] and hit["flashstate"] > 0.5
     for name in ("report.md", "hit_rate.png", "ttft_cdf.png", "output_tokens.png", "result-vllm.json"):

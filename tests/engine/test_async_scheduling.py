@@ -36,7 +36,13 @@ def _requests(vocab: int, n: int = 10) -> list[tuple[list[int], SamplingParams]]
 
 
 def _engine(model_dir: str, async_scheduling: bool, **kw) -> LLM:
-    args = dict(max_num_seqs=4, max_num_batched_tokens=64, prefill_cost_coefficients=COST)
+    # an explicit budget: on a GPU the automatic one would give the first engine 90% of it
+    args = dict(
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+        prefill_cost_coefficients=COST,
+        kv_cache_memory_bytes=512 << 20,
+    )
     args.update(kw)
     return LLM(model_dir, async_scheduling=async_scheduling, **args)
 

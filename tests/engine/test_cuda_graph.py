@@ -25,6 +25,7 @@ def test_graph_decode_equals_eager_decode(tiny_model_dir):
             enforce_eager=eager,
             max_num_seqs=8,
             prefill_cost_coefficients=(1e-6, 0.0),
+            kv_cache_memory_bytes=512 << 20,
         )
         assert (llm.engine.runner.graphs is None) == eager
         outs[eager] = [o.token_ids for o in llm.generate(prompts, params)]
@@ -47,6 +48,7 @@ def test_graph_decode_with_async_scheduling_equals_synchronous(tiny_model_dir):
             async_scheduling=mode,
             max_num_seqs=4,
             prefill_cost_coefficients=(1e-6, 0.0),
+            kv_cache_memory_bytes=512 << 20,
         )
         assert llm.engine.runner.graphs is not None
         outs[mode] = [(o.token_ids, o.finish_reason, o.stop_reason) for o in llm.generate(prompts, params)]

@@ -13,7 +13,13 @@ from flashstate import LLM, SamplingParams
 from flashstate.engine.sequence import SequenceStatus
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-ENGINE = dict(block_size=4, max_num_batched_tokens=256, prefill_cost_coefficients=(1e-5, 1e-8))
+# an explicit budget: on a GPU the automatic one would give the first engine of the module 90% of it
+ENGINE = dict(
+    block_size=4,
+    max_num_batched_tokens=256,
+    prefill_cost_coefficients=(1e-5, 1e-8),
+    kv_cache_memory_bytes=512 << 20,
+)
 
 
 class GatedStore:
@@ -35,7 +41,13 @@ class GatedStore:
 
 @pytest.fixture(scope="module")
 def plain(tiny_model_dir):
-    return LLM(tiny_model_dir, enable_prefix_caching=False, block_size=4, max_num_batched_tokens=4096)
+    return LLM(
+        tiny_model_dir,
+        enable_prefix_caching=False,
+        block_size=4,
+        max_num_batched_tokens=4096,
+        kv_cache_memory_bytes=512 << 20,
+    )
 
 
 def _tokens(rng: random.Random, n: int, vocab: int) -> list[int]:

@@ -1,0 +1,46 @@
+"""What a server's step trace (`--step-trace`) says about a run: how busy the engine was and what its
+steps cost, split into pure-decode steps and steps with prefill tokens."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def summarize_steps(path: Path, since: float = 0.0) -> dict[str, Any] | None:
+    """Summary of the steps that began at `since` seconds after the trace started or later; None when the
+    file is missing or holds no such step."""
+    if not path.exists():
+        return None
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if r["t"] >= since]
+    if not rows:
+        return None
+    mixed = [r for r in rows if r["prefill_tokens"]]
+    decode = [r for r in rows if not r["prefill_tokens"] and r["decode_seqs"]]
+    span = rows[-1]["t"] + rows[-1]["ms"] / 1e3 - rows[0]["t"]
+    busy = sum(r["ms"] for r in rows) / 1e3
+    mixed_s = sum(r["ms"] for r in mixed) / 1e3
+    decode_s = sum(r["ms"] for r in decode) / 1e3
+    prefilled = sum(r["prefill_tokens"] for r in mixed)
+
+    def mean(xs: list[float]) -> float | None:
+        return sum(xs) / len(xs) if xs else None
+
+    return {
+        "steps": len(rows),
+        "span_s": span,
+        "busy_fraction": busy / span if span > 0 else None,
+        "prefill_steps": len(mixed),
+        "prefill_step_ms_mean": mean([r["ms"] for r in mixed]),
+        "prefill_tokens_per_step_mean": mean([r["prefill_tokens"] for r in mixed]),
+        "prefill_tok_per_s_in_prefill_steps": prefilled / mixed_s if mixed_s else None,
+        "decode_steps": len(decode),
+        "decode_step_ms_mean": mean([r["ms"] for r in decode]),
+        "decode_batch_mean": mean([r["decode_seqs"] for r in decode]),
+        "decode_seqs_in_prefill_steps_mean": mean([r["decode_seqs"] for r in mixed]),
+        "waiting_mean": mean([r["waiting"] for r in rows]),
+        "seconds_in_prefill_steps": mixed_s,
+        "seconds_in_decode_steps": decode_s,
+    }

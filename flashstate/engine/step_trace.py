@@ -1,0 +1,41 @@
+"""StepTrace: one JSON line per engine step (`--step-trace PATH`), to see where a serving load's time goes:
+when the step began, how long the call took, what it computed and what was left queued."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TextIO
+
+from flashstate.engine.scheduler import ScheduledBatch, Scheduler
+
+
+class StepTrace:
+    def __init__(self, path: str):
+        try:
+            self._file: TextIO = open(path, "a", buffering=1)  # noqa: SIM115 — closed by close()
+        except OSError as e:
+            raise ValueError(f"step_trace: cannot write {path}: {e.strerror}") from None
+        self._origin = time.monotonic()
+
+    def record(
+        self, start: float, scheduled: float, batch: ScheduledBatch | None, scheduler: Scheduler
+    ) -> None:
+        """time.monotonic() when the step call began and when its batch was scheduled (the start for a
+        step launched ahead); `batch`: what it ran (None: nothing)."""
+        end = time.monotonic()
+        counts = batch.num_tokens if batch is not None else []
+        row = {
+            "t": round(start - self._origin, 6),
+            "ms": round(1e3 * (end - start), 3),
+            "schedule_ms": round(1e3 * (scheduled - start), 3),
+            "prefill_tokens": sum(n for n in counts if n > 1),
+            "prefill_seqs": sum(n > 1 for n in counts),
+            "decode_seqs": sum(n == 1 for n in counts),
+            "running": len(scheduler.running),
+            "waiting": len(scheduler.waiting),
+        }
+        self._file.write(json.dumps(row) + "\n")
+
+    def close(self) -> None:
+        self._file.close()

@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flashstate import LLM, SamplingParams
+
+
+def test_one_line_per_step_accounts_for_every_token(tiny_model_dir, tmp_path):
+    path = tmp_path / "steps.jsonl"
+    llm = LLM(
+        tiny_model_dir,
+        enable_prefix_caching=False,
+        max_num_batched_tokens=32,
+        step_trace=str(path),
+        device="cpu",
+    )
+    prompts = [[(3 * i + j) % 1000 + 10 for i in range(50 + 20 * j)] for j in range(3)]
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
+    llm.close()
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    # every prompt token is prefilled exactly once, every later token decoded once (the first comes
+    # with the prompt's last chunk)
+    assert sum(r["prefill_tokens"] for r in rows) == sum(len(p) for p in prompts)
+    assert sum(r["decode_seqs"] for r in rows) == 3 * 4
+    assert all(r["prefill_tokens"] <= 32 and r["ms"] >= 0 for r in rows)
+    assert rows[0]["waiting"] == 2 and rows[-1]["running"] == 0
+    assert [r["t"] for r in rows] == sorted(r["t"] for r in rows)
+
+
+def test_an_unwritable_trace_path_is_a_clear_error(tiny_model_dir, tmp_path):
+    with pytest.raises(ValueError, match="step_trace: cannot write"):
+        LLM(tiny_model_dir, step_trace=str(tmp_path / "missing" / "steps.jsonl"), device="cpu")
