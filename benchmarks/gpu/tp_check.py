@@ -170,10 +170,13 @@ def main() -> None:
     p.add_argument("--tp", type=int, default=2)
     p.add_argument("--small", action="store_true", help="tiny sizes (CPU)")
     p.add_argument("--only", choices=("exactness", "throughput"), help="run one part (JSON per part)")
+    p.add_argument("--presets", help="comma list for the exactness part (default: the three tiny + 2B)")
     args = p.parse_args()
     if args.device.startswith("cuda") and torch.cuda.device_count() < args.tp:
         sys.exit(f"tp_check: needs {args.tp} GPUs, {torch.cuda.device_count()} visible")
     presets = TINY if args.small else [*TINY, "qwen3-next-2b"]
+    if args.presets:
+        presets = args.presets.split(",")
     out: dict = {
         "date": time.strftime("%Y-%m-%d"),
         "torch": torch.__version__,
