@@ -58,7 +58,7 @@ def _assert_same(got: list, want: list) -> None:
     for g, w in zip(got, want, strict=True):
         assert (g[4] is None) == (w[4] is None)
         if g[4] is not None:
-            assert g[4] == pytest.approx(w[4], abs=1e-5)
+            assert g[4] == pytest.approx(w[4], rel=1e-4, abs=1e-5)  # GPU kernels differ by shape
 
 
 def _assert_pools_full(llm: LLM) -> None:
