@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections import deque
 from collections.abc import AsyncIterator
 
 from flashstate.config import EngineConfig
 from flashstate.engine.llm_engine import LLMEngine
 from flashstate.engine.outputs import RequestOutput
+from flashstate.engine.request_state import RequestState
 from flashstate.sampling_params import SamplingParams
 
 logger = logging.getLogger("flashstate")
@@ -22,12 +24,17 @@ class EngineDeadError(RuntimeError):
 
 
 class AsyncEngine:
+    """Only the engine thread touches the LLMEngine's queues and cache. The event loop checks a request
+    (`LLMEngine.new_request`, which raises for bad input before anything is queued) and hands it over through
+    an inbox that the engine thread drains before every step; aborts travel the same way, in order. So a
+    request never waits for a step to end before it is accepted, and a busy engine cannot starve arrivals."""
+
     def __init__(self, config: EngineConfig | None = None, engine: LLMEngine | None = None):
         self.engine = engine or LLMEngine(config)
-        self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopped = False
         self._error: BaseException | None = None
+        self._inbox: deque[RequestState | str] = deque()  # a request to add, or the id of one to abort
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._thread = threading.Thread(target=self._loop, name="flashstate-engine", daemon=True)
         self._thread.start()
@@ -43,15 +50,21 @@ class AsyncEngine:
         outputs until it finishes."""
         if self._error is not None:
             raise EngineDeadError(f"engine loop failed: {self._error}")
+        req = self.engine.new_request(prompt, params, request_id, checkpoint_positions)
+        rid = req.seq.request_id
+        if rid in self._streams:
+            raise ValueError(f"request id {rid!r} is already in use")
         queue: asyncio.Queue = asyncio.Queue()
-        with self._lock:
-            rid = self.engine.add_request(prompt, params, request_id, checkpoint_positions)
-            self._streams[rid] = (asyncio.get_running_loop(), queue)
+        self._streams[rid] = (asyncio.get_running_loop(), queue)
+        self._inbox.append(req)
         self._wake.set()
         finished = False
         try:
             while True:
                 item = await queue.get()
+                if isinstance(item, ValueError) and item is not self._error:
+                    finished = True  # refused by the engine thread: never queued
+                    raise item
                 if isinstance(item, BaseException):
                     raise EngineDeadError(f"engine loop failed: {item}") from item
                 finished = item.finished
@@ -63,13 +76,18 @@ class AsyncEngine:
                 self.abort(rid)
 
     def abort(self, request_id: str) -> None:
-        with self._lock:
-            self._streams.pop(request_id, None)
-            self.engine.abort(request_id)
+        self._streams.pop(request_id, None)
+        self._inbox.append(request_id)
+        self._wake.set()
 
     @property
     def num_streams(self) -> int:
         return len(self._streams)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests accepted but not running yet (in the inbox or the scheduler's queue)."""
+        return len(self._inbox) + len(self.engine.scheduler.waiting)
 
     def shutdown(self) -> None:
         self._stopped = True
@@ -77,30 +95,38 @@ class AsyncEngine:
         self._thread.join(timeout=10)
         self.engine.close()
 
+    def _drain_inbox(self) -> None:
+        while self._inbox:
+            item = self._inbox.popleft()
+            if isinstance(item, str):
+                self.engine.abort(item)
+            elif item.seq.request_id in self._streams:  # not aborted while in the inbox
+                try:
+                    self.engine.add(item)
+                except ValueError as e:  # its id is still held by a request the engine has not let go
+                    loop, queue = self._streams.pop(item.seq.request_id)
+                    loop.call_soon_threadsafe(queue.put_nowait, e)
+
     def _loop(self) -> None:
         while not self._stopped:
-            with self._lock:
-                busy = self.engine.has_unfinished()
-            if not busy:
-                self._wake.wait(timeout=0.5)
-                self._wake.clear()
-                continue
             try:
-                with self._lock:
-                    outputs = self.engine.step()
-                    targets = [(o, self._streams.get(o.request_id)) for o in outputs]
-                    for o in outputs:
-                        if o.finished:
-                            self._streams.pop(o.request_id, None)
+                self._drain_inbox()
+                if not self.engine.has_unfinished():
+                    self._wake.wait(timeout=0.5)
+                    self._wake.clear()
+                    continue
+                outputs = self.engine.step()
             except BaseException as e:  # noqa: BLE001 — every waiter must hear of it
                 logger.exception("engine step failed")
                 self._error = e
-                with self._lock:
-                    streams, self._streams = self._streams, {}
+                streams, self._streams = self._streams, {}
                 for loop, queue in streams.values():
                     loop.call_soon_threadsafe(queue.put_nowait, e)
                 return
-            for out, target in targets:
+            for out in outputs:
+                target = self._streams.get(out.request_id)
+                if out.finished:
+                    self._streams.pop(out.request_id, None)
                 if target is not None:
                     loop, queue = target
                     loop.call_soon_threadsafe(queue.put_nowait, out)

@@ -202,6 +202,17 @@ class LLMEngine:
 
         `checkpoint_positions`: prompt token counts where the prefix cache may keep a checkpoint (e.g. the
         ends of chat messages); used when the policy exports states from inside prefill."""
+        return self.add(self.new_request(prompt, params, request_id, checkpoint_positions))
+
+    def new_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        checkpoint_positions: list[int] | None = None,
+    ) -> RequestState:
+        """A checked request, not queued yet (`add` queues it). Touches no engine state, so another thread
+        may build requests while this one steps; raises ValueError as `add_request` does."""
         params = params or SamplingParams()
         if isinstance(prompt, str):
             text, token_ids = prompt, self.tokenizer.encode(prompt)
@@ -215,13 +226,19 @@ class LLMEngine:
                     f"prompt token id {bad!r} is outside the vocabulary [0, {self.spec.vocab_size})"
                 )
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
-        if request_id in self.requests:
-            raise ValueError(f"request id {request_id!r} is already in use")
         seq = Sequence(request_id, token_ids, params)
         seq.hint_positions = sorted({p for p in checkpoint_positions or [] if 0 < p <= len(token_ids)})
-        self.scheduler.add(seq)
+        self.scheduler.check(seq)
         decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)  # noqa: E731
-        self.requests[request_id] = RequestState.new(seq, text, decode, self.eos_token_ids)
+        return RequestState.new(seq, text, decode, self.eos_token_ids)
+
+    def add(self, req: RequestState) -> str:
+        """Queue a request from `new_request`; ValueError if its id is in use."""
+        request_id = req.seq.request_id
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        self.scheduler.add(req.seq)
+        self.requests[request_id] = req
         return request_id
 
     def abort(self, request_id: str) -> RequestOutput | None:

@@ -64,6 +64,11 @@ class Scheduler:
         return len(self.waiting) + len(self.running) + len(self.restoring)
 
     def add(self, seq: Sequence) -> None:
+        self.check(seq)
+        self.waiting.append(seq)
+
+    def check(self, seq: Sequence) -> None:
+        """Raise RequestTooLargeError if `seq` can never run (reads only fixed sizes: any thread may ask)."""
         total = seq.num_prompt_tokens + (seq.params.max_tokens or 0)
         if seq.num_prompt_tokens == 0:
             raise RequestTooLargeError("the prompt is empty")
@@ -77,7 +82,6 @@ class Scheduler:
                 f"prompt + max_tokens = {total} tokens exceeds the whole KV cache "
                 f"({self.cache.block_pool.num_blocks * self.cache.block_size} tokens)"
             )
-        self.waiting.append(seq)
 
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()

@@ -109,7 +109,7 @@ class OpenAIServing:
             )
 
     def _check_capacity(self, n: int) -> None:
-        waiting = len(self.engine.engine.scheduler.waiting) + self._reserved
+        waiting = self.engine.num_waiting + self._reserved
         bound = self.config.max_waiting_requests
         if waiting + n > bound:
             self.metrics.rejected.labels(self.model_name, "overload").inc()

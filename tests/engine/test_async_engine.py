@@ -67,3 +67,48 @@ def test_bad_request_raises_before_queueing(engine):
     with pytest.raises(ValueError, match="vocabulary"):
         asyncio.run(main())
     assert engine.num_streams == 0
+
+
+def test_a_request_joins_a_busy_engine_without_waiting_for_it_to_idle(engine):
+    """Arrivals go through the inbox: while one request decodes step after step, a second one submitted
+    mid-stream is running within a few steps, not after the first finishes."""
+    long = SamplingParams(temperature=0.0, max_tokens=300, ignore_eos=True)
+    short = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+
+    async def main():
+        first_done = asyncio.Event()
+        steps_of_first = 0
+
+        async def first():
+            nonlocal steps_of_first
+            async for out in engine.generate(list(range(30)), long):
+                steps_of_first = len(out.token_ids)
+            first_done.set()
+
+        task = asyncio.create_task(first())
+        while steps_of_first < 5:
+            await asyncio.sleep(0.001)
+        out = [o async for o in engine.generate(list(range(50, 70)), short)][-1]
+        joined_at = steps_of_first
+        await task
+        return out, joined_at
+
+    out, joined_at = asyncio.run(main())
+    assert out.finished and len(out.token_ids) == 2
+    assert joined_at < 300  # the second finished while the first was still decoding
+    assert _full(engine)
+
+
+def test_a_request_id_in_use_is_refused_and_the_first_keeps_running(engine):
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+
+    async def main():
+        first = engine.generate(list(range(30)), params, request_id="same")
+        await first.__anext__()
+        with pytest.raises(ValueError, match="already in use"):
+            await engine.generate(list(range(30)), params, request_id="same").__anext__()
+        return [o async for o in first][-1]
+
+    out = asyncio.run(main())
+    assert out.finished and len(out.token_ids) == 20
+    assert _full(engine)
