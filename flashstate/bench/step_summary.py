@@ -7,14 +7,19 @@ import json
 from pathlib import Path
 from typing import Any
 
+# the fields of a step row that the summary reads (`engine/step_trace.py` writes these and schedule_ms)
+STEP_FIELDS = ("t", "ms", "prefill_tokens", "prefill_seqs", "decode_seqs", "running", "waiting")
 
-def summarize_steps(path: Path, since: float = 0.0) -> dict[str, Any] | None:
-    """Summary of the steps that began at `since` seconds after the trace started or later; None when the
-    file is missing or holds no such step."""
+
+def summarize_steps(path: Path) -> dict[str, Any] | None:
+    """Summary of a step trace file; None when it is missing or empty."""
     if not path.exists():
         return None
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if r["t"] >= since]
+    return summarize_rows([json.loads(line) for line in path.read_text().splitlines() if line.strip()])
+
+
+def summarize_rows(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Summary of step rows as `StepTrace` writes them (the simulator gives the same rows); None if none."""
     if not rows:
         return None
     mixed = [r for r in rows if r["prefill_tokens"]]

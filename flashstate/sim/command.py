@@ -24,6 +24,7 @@ from flashstate.bench.command import (
 from flashstate.bench.config import ReplayConfig
 from flashstate.bench.replay import SessionSource
 from flashstate.bench.report import build_result
+from flashstate.bench.step_summary import STEP_FIELDS, summarize_rows
 from flashstate.config import EngineConfig
 from flashstate.sim.engine import SimEngine, model_spec
 from flashstate.sim.events import EventLoop
@@ -74,6 +75,7 @@ def simulate(
         "engines": len(engines),
         "engine_steps": sum(e.steps for e in engines),
         "engine_busy_s": sum(e.busy_seconds for e in engines),
+        "steps": summarize_rows([dict(zip(STEP_FIELDS, r, strict=True)) for r in engines[0].step_rows]),
         "cpu_s": time.process_time() - t0,
         "cache_stats": [_stats(e) for e in engines],
     }

@@ -100,6 +100,8 @@ class SimEngine:
         self.decode_runs = True  # start_decode_run may fold pure decode steps (off: step by step)
         self.steps = 0
         self.busy_seconds = 0.0
+        # (t, ms, prefill tokens, prefill seqs, decode seqs, running, waiting): `--step-trace`'s fields
+        self.step_rows: list[tuple[float, float, int, int, int, int, int]] = []
 
     def add(
         self,
@@ -132,6 +134,7 @@ class SimEngine:
         seconds = step_seconds(batch, self.prefill, self.decode)
         self.steps += 1
         self.busy_seconds += seconds
+        self._record(self._clock(), seconds, batch.num_tokens, 1)
         return batch, seconds
 
     def start_decode_run(self, max_seconds: float) -> tuple[int, float] | None:
@@ -176,7 +179,22 @@ class SimEngine:
         self.busy = True
         self.steps += k
         self.busy_seconds += seconds
+        self._record(self._clock(), seconds, [1] * b, k)
         return k, seconds
+
+    def _record(self, start: float, seconds: float, counts: list[int], repeat: int) -> None:
+        """`repeat` equal steps of `seconds` in all (a folded decode run counts as its k steps)."""
+        sched = self.scheduler
+        prefill = sum(n for n in counts if n > 1)
+        shape = (
+            prefill,
+            sum(n > 1 for n in counts),
+            sum(n == 1 for n in counts),
+            len(sched.running),
+            len(sched.waiting),
+        )
+        ms = 1e3 * seconds / repeat
+        self.step_rows.extend((start + i * ms / 1e3, ms, *shape) for i in range(repeat))
 
     def finish_decode_run(self) -> None:
         self.busy = False

@@ -39,6 +39,9 @@ def test_simulate_writes_bench_results(tmp_path, capsys):
         sim = doc["server"]["simulated"]
         assert sim["profile"] == "h200-qwen3-next-2b" and "provisional" in sim["provenance"]
         assert "KV" in sim["cache_plan"] and "checkpoint" in sim["cache_plan"]
+        steps = sim["steps"]  # the same summary `bench compare` makes of a server's step trace
+        assert steps["steps"] == sim["engine_steps"] and steps["prefill_steps"] > 0
+        assert 0 < steps["busy_fraction"] <= 1
         assert doc["summary"]["requests"] > 0 and doc["requests"]
         results[policy] = doc
     aligned = json.loads((out / "result-aligned.json").read_text())

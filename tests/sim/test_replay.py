@@ -102,6 +102,10 @@ def test_folded_decode_steps_change_nothing():
     folded, engines = run(sessions, "flashstate", args, agents=3)
     plain, plain_engines = run(sessions, "flashstate", args, decode_runs=False, agents=3)
     assert engines[0].steps == plain_engines[0].steps
+    rows, plain_rows = engines[0].step_rows, plain_engines[0].step_rows  # a folded run: one row per step
+    assert len(rows) == len(plain_rows) == engines[0].steps
+    assert sum(r[1] for r in rows) == pytest.approx(sum(r[1] for r in plain_rows))
+    assert [r[2:5] for r in rows] == [r[2:5] for r in plain_rows]
     assert engines[0].cache.stats.evictions == plain_engines[0].cache.stats.evictions
     key = lambda r: (r.session, r.turn)  # noqa: E731
     for a, b in zip(sorted(folded.requests, key=key), sorted(plain.requests, key=key), strict=True):
