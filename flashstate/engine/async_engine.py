@@ -123,10 +123,17 @@ class AsyncEngine:
                 for loop, queue in streams.values():
                     loop.call_soon_threadsafe(queue.put_nowait, e)
                 return
+            batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput]]] = {}
             for out in outputs:
                 target = self._streams.get(out.request_id)
                 if out.finished:
                     self._streams.pop(out.request_id, None)
                 if target is not None:
-                    loop, queue = target
-                    loop.call_soon_threadsafe(queue.put_nowait, out)
+                    batches.setdefault(target[0], []).append((target[1], out))
+            for loop, items in batches.items():  # one wake-up of each event loop per step
+                loop.call_soon_threadsafe(_deliver, items)
+
+
+def _deliver(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
+    for queue, out in items:
+        queue.put_nowait(out)

@@ -37,7 +37,7 @@ def test_simulate_writes_bench_results(tmp_path, capsys):
         assert doc["schema"] == RESULT_SCHEMA and doc["label"] == policy
         assert doc["server"]["cache_policy"] == policy
         sim = doc["server"]["simulated"]
-        assert sim["profile"] == "h200-qwen3-next-2b" and "provisional" in sim["provenance"]
+        assert sim["profile"] == "h200-qwen3-next-2b" and "step traces" in sim["provenance"]
         assert "KV" in sim["cache_plan"] and "checkpoint" in sim["cache_plan"]
         steps = sim["steps"]  # the same summary `bench compare` makes of a server's step trace
         assert steps["steps"] == sim["engine_steps"] and steps["prefill_steps"] > 0
