@@ -1,5 +1,7 @@
 """StepTrace: one JSON line per engine step (`--step-trace PATH`), to see where a serving load's time goes:
-when the step began, how long the call took, what it computed and what was left queued."""
+when the step began, how long the call took, what it computed and what was left queued. `prefill_pairs`
+(Σ over chunks of (p + n)² − p², a chunk of n tokens resuming at depth p) and `decode_context` (Σ of the
+decoding sequences' lengths) are what a step-time model needs beyond the token counts."""
 
 from __future__ import annotations
 
@@ -25,6 +27,13 @@ class StepTrace:
         step launched ahead); `batch`: what it ran (None: nothing)."""
         end = time.monotonic()
         counts = batch.num_tokens if batch is not None else []
+        pairs = context = 0
+        for seq, n in zip(batch.seqs if batch is not None else [], counts, strict=True):
+            depth = seq.num_computed_tokens  # after the step
+            if n > 1:
+                pairs += n * (2 * depth - n)  # (depth² − (depth − n)²): what a chunk's attention grows by
+            else:
+                context += depth
         row = {
             "t": round(start - self._origin, 6),
             "ms": round(1e3 * (end - start), 3),
@@ -32,6 +41,8 @@ class StepTrace:
             "prefill_tokens": sum(n for n in counts if n > 1),
             "prefill_seqs": sum(n > 1 for n in counts),
             "decode_seqs": sum(n == 1 for n in counts),
+            "prefill_pairs": pairs,
+            "decode_context": context,
             "running": len(scheduler.running),
             "waiting": len(scheduler.waiting),
         }

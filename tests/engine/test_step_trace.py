@@ -27,6 +27,10 @@ def test_one_line_per_step_accounts_for_every_token(tiny_model_dir, tmp_path):
     assert all(r["prefill_tokens"] <= 32 and r["ms"] >= 0 for r in rows)
     assert rows[0]["waiting"] == 2 and rows[-1]["running"] == 0
     assert [r["t"] for r in rows] == sorted(r["t"] for r in rows)
+    # chunks of one prompt tile its square: Σ (p + n)² − p² over them is its length squared
+    assert sum(r["prefill_pairs"] for r in rows) == sum(len(p) ** 2 for p in prompts)
+    # decodes of each request at lengths len(p) + 1 .. len(p) + 4
+    assert sum(r["decode_context"] for r in rows) == sum(4 * len(p) + 10 for p in prompts)
 
 
 def test_an_unwritable_trace_path_is_a_clear_error(tiny_model_dir, tmp_path):
