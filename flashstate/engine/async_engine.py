@@ -62,15 +62,26 @@ class AsyncEngine:
         try:
             while True:
                 item = await queue.get()
-                if isinstance(item, ValueError) and item is not self._error:
-                    finished = True  # refused by the engine thread: never queued
-                    raise item
+                error = None
+                # A consumer that fell behind gets one output for all the steps it missed.
+                while isinstance(item, RequestOutput) and not item.finished and not queue.empty():
+                    nxt = queue.get_nowait()
+                    if isinstance(nxt, BaseException):
+                        error = nxt
+                        break
+                    item = nxt.absorb(item)
                 if isinstance(item, BaseException):
-                    raise EngineDeadError(f"engine loop failed: {item}") from item
-                finished = item.finished
-                yield item
-                if finished:
-                    return
+                    error, item = item, None
+                if item is not None:
+                    finished = item.finished
+                    yield item
+                    if finished:
+                        return
+                if error is not None:
+                    if isinstance(error, ValueError) and error is not self._error:
+                        finished = True  # refused by the engine thread: never queued
+                        raise error
+                    raise EngineDeadError(f"engine loop failed: {error}") from error
         finally:
             if not finished:
                 self.abort(rid)

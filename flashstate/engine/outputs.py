@@ -94,6 +94,15 @@ class RequestOutput:
     def num_cached_tokens(self) -> int:
         return self.stats.num_cached_tokens
 
+    def absorb(self, earlier: RequestOutput) -> RequestOutput:
+        """This output widened to carry `earlier`'s new tokens and text too: `earlier` is the output of the
+        same request just before this one, and nobody has read its deltas (a consumer catching up)."""
+        self._resolve()  # passes `earlier` too: outputs resolve in order
+        earlier._resolve()
+        self._prev = earlier._prev
+        self._delta_start = earlier._delta_start
+        return self
+
     def _resolve(self) -> None:
         if self._stream is not None:
             self._stream.resolve(self)

@@ -112,3 +112,49 @@ def test_a_request_id_in_use_is_refused_and_the_first_keeps_running(engine):
     out = asyncio.run(main())
     assert out.finished and len(out.token_ids) == 20
     assert _full(engine)
+
+
+def test_a_consumer_that_falls_behind_gets_the_missed_steps_in_one_output(engine):
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, logprobs=0)
+
+    async def main():
+        outs = []
+        async for out in engine.generate(list(range(12)), params):
+            outs.append((out.delta_token_ids, out.delta_text, out.finished, out))
+            if len(outs) == 2:
+                await asyncio.sleep(0.5)  # the engine steps on meanwhile
+        return outs
+
+    outs = asyncio.run(main())
+    final = outs[-1][3]
+    assert final.finished and len(final.token_ids) == 40
+    assert len(outs) < 40  # some outputs carried several steps
+    assert max(len(ids) for ids, *_ in outs) > 1
+    assert [t for ids, *_ in outs for t in ids] == final.token_ids
+    assert "".join(text for _, text, *_ in outs) == final.text
+    assert len(final.logprobs) == 40
+    assert _full(engine)
+
+
+def test_catching_up_keeps_the_text_of_a_request_with_stop_strings(engine):
+    """Stop strings make the engine detokenise in the step loop (outputs carry their text): merged outputs
+    still concatenate to the final text."""
+    tok = engine.engine.tokenizer
+    probe = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+
+    async def run(params, lag):
+        outs = []
+        async for out in engine.generate(list(range(200, 215)), params):
+            outs.append(out.delta_text)
+            if lag and len(outs) == 1:
+                await asyncio.sleep(0.5)
+        return outs, out
+
+    _, full = asyncio.run(run(probe, False))
+    stop = tok.decode(full.token_ids[20:22])  # a string the greedy text reaches late
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, stop=[stop])
+    deltas, last = asyncio.run(run(params, True))
+    assert last.finished and last.finish_reason == "stop"
+    assert "".join(deltas) == last.text and stop not in last.text
+    assert len(deltas) < len(last.token_ids)
+    assert _full(engine)
