@@ -31,7 +31,9 @@ TARGET = GPUTarget("cuda", 90, 64)
 def build(
     fn, pointers: dict[str, str], constants: dict, scalars: dict[str, str] | None = None, **options
 ) -> bool:
-    """Arguments not named are i32 scalars."""
+    """Arguments not named are i32 scalars; an autotuned kernel is built as its JIT function."""
+    if isinstance(fn, triton.runtime.Autotuner):
+        fn = fn.fn
     names = fn.arg_names
     types = {**(scalars or {}), **pointers}
     signature = {n: "constexpr" if n in constants else types.get(n, "i32") for n in names}
@@ -147,7 +149,8 @@ def main() -> None:
         has_initial="*i1",
     )
     for bd in (128, 16):
-        ok.append(build(_conv_kernel, conv, dict(K=4, HAS_BIAS=True, SILU=True, BT=32, BD=bd)))
+        for bt in (32, 64, 128):  # the autotuned tiles
+            ok.append(build(_conv_kernel, conv, dict(K=4, HAS_BIAS=True, SILU=True, BT=bt, BD=bd)))
     norm = dict(x_ptr="*bf16", z_ptr="*bf16", r_ptr="*bf16", w_ptr="*bf16", y_ptr="*bf16", s_ptr="*bf16")
     for gated, residual, block in [
         (False, False, 2048),

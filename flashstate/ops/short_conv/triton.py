@@ -8,6 +8,7 @@ and exported states are windows of the same two sources, gathered before the poo
 
 from __future__ import annotations
 
+import os
 from itertools import accumulate, pairwise
 
 import torch
@@ -16,6 +17,16 @@ import triton.language as tl
 from torch import Tensor
 
 
+# Tokens per tile and warps, tuned per shape on the card (a 32k prefill spent ~5× the conv's memory time
+# with one fixed 32-token tile); `t_bucket` (log2 of the token count) lets short and long batches differ.
+# (Triton's interpreter cannot time configs: one there.)
+_CONV_CONFIGS = [triton.Config({"BT": bt}, num_warps=w) for bt in (32, 64, 128) for w in (4, 8)]
+
+
+@triton.autotune(
+    configs=_CONV_CONFIGS[:1] if os.environ.get("TRITON_INTERPRET") == "1" else _CONV_CONFIGS,
+    key=["D", "split_a", "split_b", "t_bucket", "K", "BD"],
+)
 @triton.jit
 def _conv_kernel(
     x,
@@ -31,6 +42,7 @@ def _conv_kernel(
     D,
     split_a,
     split_b,
+    t_bucket,
     stride_x_t,
     stride_pool_s,
     stride_pool_d,
@@ -208,8 +220,7 @@ def causal_conv1d(
     seq_of_token = torch.searchsorted(cu, torch.arange(t_total, device=x.device), right=True) - 1
     flat = torch.empty(t_total * dim, dtype=x.dtype, device=x.device)
     if t_total:
-        bt = 32
-        grid = (triton.cdiv(t_total, bt), triton.cdiv(dim, bd))
+        grid = lambda meta: (triton.cdiv(t_total, meta["BT"]), triton.cdiv(dim, bd))  # noqa: E731
         _conv_kernel[grid](
             x,
             weight,
@@ -224,13 +235,13 @@ def causal_conv1d(
             dim,
             bounds[0],
             bounds[1],
+            t_total.bit_length(),
             x.stride(0),
             conv_state_pool.stride(0),
             conv_state_pool.stride(1),
             K=kernel,
             HAS_BIAS=bias is not None,
             SILU=activation == "silu",
-            BT=bt,
             BD=bd,
         )
     n = idx.shape[0]
