@@ -16,7 +16,6 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-
 # Tokens per tile and warps, tuned per shape on the card (a 32k prefill spent ~5× the conv's memory time
 # with one fixed 32-token tile); `t_bucket` (log2 of the token count) lets short and long batches differ.
 # (Triton's interpreter cannot time configs: one there.)
