@@ -5,7 +5,8 @@ AsyncEngine) over an engine whose model forward is a stub, against the same engi
 
 `--streams` clients each stream one completion of `--tokens` tokens (token-id prompts of 512 tokens), all
 at once. The engine's own time per step comes from its step trace; the rest of the wall time per step is
-what the event loop's streaming work (and the GIL it holds) adds. Prints one table.
+what the event loop's streaming work (and the GIL it holds) adds; the clients run in a process of their
+own. Prints one table.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import socket
 import sys
 import tempfile
@@ -64,18 +66,8 @@ def direct(streams: int, tokens: int) -> dict:
     return {"steps": steps, "wall_s": time.perf_counter() - start}
 
 
-def served(streams: int, tokens: int) -> dict:
-    trace = str(Path(tempfile.mkdtemp()) / "steps.jsonl")
-    engine = AsyncEngine(engine=stub_engine(streams, tokens, trace))
-    app = build_app(engine, engine.engine.config)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
+def load(port: int, streams: int, tokens: int) -> tuple[list[int], float]:
+    """`streams` concurrent streamed completions: the data chunks each received, and the seconds they took."""
 
     async def one(client: httpx.AsyncClient, prompt: list[int]) -> int:
         body = {"model": "flashstate-tiny", "prompt": prompt, "max_tokens": tokens, "stream": True,
@@ -92,7 +84,25 @@ def served(streams: int, tokens: int) -> dict:
 
     start = time.perf_counter()
     chunks = asyncio.run(run())
-    wall = time.perf_counter() - start
+    return chunks, time.perf_counter() - start
+
+
+def served(streams: int, tokens: int) -> dict:
+    trace = str(Path(tempfile.mkdtemp()) / "steps.jsonl")
+    engine = AsyncEngine(engine=stub_engine(streams, tokens, trace))
+    app = build_app(engine, engine.engine.config)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+
+    # the clients parse their streams in another process, as real clients do: not under the server's GIL
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        chunks, wall = pool.apply(load, (port, streams, tokens))
     server.should_exit = True
     thread.join(timeout=30)
     rows = [json.loads(line) for line in Path(trace).read_text().splitlines()]
