@@ -1,5 +1,6 @@
 """`flashstate` command line: serve (the OpenAI-compatible server), calibrate, bench, demo, simulate,
-and mooncake-master (a Mooncake store master for the host tier)."""
+fit-profile (a simulator profile from measured steps), and mooncake-master (a Mooncake store master for
+the host tier)."""
 
 from __future__ import annotations
 
@@ -55,11 +56,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     from flashstate.bench.cli_args import add_bench_parser, add_demo_parser
-    from flashstate.sim.cli_args import add_simulate_parser
+    from flashstate.sim.cli_args import add_fit_profile_parser, add_simulate_parser
 
     add_bench_parser(sub)
     add_demo_parser(sub)
     add_simulate_parser(sub)
+    add_fit_profile_parser(sub)
 
 
 def _resolve(args: argparse.Namespace) -> EngineConfig:
@@ -85,6 +87,10 @@ def main(argv: list[str] | None = None) -> int:
         from flashstate.sim.command import run_simulate
 
         return run_simulate(args)
+    if args.command == "fit-profile":
+        from flashstate.sim.command import run_fit_profile
+
+        return run_fit_profile(args)
     try:
         config = _resolve(args)
     except ValueError as e:

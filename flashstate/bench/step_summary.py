@@ -7,8 +7,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-# the fields of a step row that the summary reads (`engine/step_trace.py` writes these and schedule_ms)
-STEP_FIELDS = ("t", "ms", "prefill_tokens", "prefill_seqs", "decode_seqs", "running", "waiting")
+# a step row's fields (`engine/step_trace.py` writes these and schedule_ms)
+STEP_FIELDS = (
+    "t", "ms", "prefill_tokens", "prefill_seqs", "decode_seqs", "running", "waiting", "prefill_pairs",
+    "decode_context",
+)  # fmt: skip
 
 
 def summarize_steps(path: Path) -> dict[str, Any] | None:

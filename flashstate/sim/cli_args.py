@@ -33,3 +33,20 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
     _replay_args(sim)
     _cost_args(sim)
     sim.add_argument("--out", default=None, help="output directory (default: bench-results/<UTC time>)")
+
+
+def add_fit_profile_parser(sub: argparse._SubParsersAction) -> None:
+    fit = sub.add_parser(
+        "fit-profile",
+        help="fit a simulator profile's step model to a real server's step traces (--step-trace files)",
+        description="Least-squares fit of the decode step (base + per sequence + per context token) and of "
+        "C(n) = a·n + b·n² to the steps a server traced under load (`flashstate serve --step-trace`, or the "
+        "steps-*.jsonl that `bench compare` writes); memory and engine flags come from --base. Writes a "
+        "profile for `flashstate simulate --profile FILE`.",
+    )
+    fit.add_argument("traces", nargs="+", metavar="STEP_TRACE", help="step trace files (JSON lines)")
+    fit.add_argument(
+        "--base", default=None, help="profile for memory and engine flags (default: the H200 one)"
+    )
+    fit.add_argument("--name", default=None, help="the new profile's name (default: the output file's stem)")
+    fit.add_argument("--out", required=True, help="profile file to write (JSON)")

@@ -4,6 +4,7 @@ and ReplayConfig; one simulated run per policy; results written like `bench comp
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 import time
@@ -28,6 +29,7 @@ from flashstate.bench.step_summary import STEP_FIELDS, summarize_rows
 from flashstate.config import EngineConfig
 from flashstate.sim.engine import SimEngine, model_spec
 from flashstate.sim.events import EventLoop
+from flashstate.sim.fit import fitted_profile, read_steps
 from flashstate.sim.profile import Profile, load_profile
 from flashstate.sim.replay import SimReplay
 
@@ -129,3 +131,22 @@ def run_simulate(args: argparse.Namespace) -> int:
     except (ValueError, OSError, KeyError) as e:  # ProfileError, WorkloadError are ValueErrors
         print(f"flashstate simulate: error: {e}", file=sys.stderr)
         return 2
+
+
+def run_fit_profile(args: argparse.Namespace) -> int:
+    try:
+        base = load_profile(args.base)
+        traces = [Path(t) for t in args.traces]
+        out = Path(args.out)
+        doc = fitted_profile(base, read_steps(traces), args.name or out.stem, [t.name for t in traces])
+        out.write_text(json.dumps(doc, indent=1) + "\n")
+        load_profile(str(out))  # what was written loads
+    except (ValueError, OSError) as e:
+        print(f"flashstate fit-profile: error: {e}", file=sys.stderr)
+        return 2
+    d, p = doc["decode"], doc["prefill"]
+    print(
+        f"{out}: decode {1e3 * d['base_s']:.3f} ms + {1e6 * d['per_seq_s']:.1f} µs/seq + "
+        f"{1e9 * d['per_token_s']:.3f} ns/context token; C(n) = {p['a']:.3e}·n + {p['b']:.3e}·n² s"
+    )
+    return 0

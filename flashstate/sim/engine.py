@@ -100,8 +100,8 @@ class SimEngine:
         self.decode_runs = True  # start_decode_run may fold pure decode steps (off: step by step)
         self.steps = 0
         self.busy_seconds = 0.0
-        # (t, ms, prefill tokens, prefill seqs, decode seqs, running, waiting): `--step-trace`'s fields
-        self.step_rows: list[tuple[float, float, int, int, int, int, int]] = []
+        # `--step-trace`'s fields, in the order of bench.step_summary.STEP_FIELDS
+        self.step_rows: list[tuple[float, float, int, int, int, int, int, int, int]] = []
 
     def add(
         self,
@@ -134,7 +134,7 @@ class SimEngine:
         seconds = step_seconds(batch, self.prefill, self.decode)
         self.steps += 1
         self.busy_seconds += seconds
-        self._record(self._clock(), seconds, batch.num_tokens, 1)
+        self._record(self._clock(), seconds, batch)
         return batch, seconds
 
     def start_decode_run(self, max_seconds: float) -> tuple[int, float] | None:
@@ -179,22 +179,29 @@ class SimEngine:
         self.busy = True
         self.steps += k
         self.busy_seconds += seconds
-        self._record(self._clock(), seconds, [1] * b, k)
+        self._record(self._clock(), seconds, None, b, context, k)
         return k, seconds
 
-    def _record(self, start: float, seconds: float, counts: list[int], repeat: int) -> None:
-        """`repeat` equal steps of `seconds` in all (a folded decode run counts as its k steps)."""
+    def _record(self, start: float, seconds: float, batch: ScheduledBatch | None, decodes: int = 0,
+                context: int = 0, repeat: int = 1) -> None:  # fmt: skip
+        """Step rows as `--step-trace` writes them: `batch` before it runs, or (a folded run of `repeat`
+        decode steps taking `seconds` in all) `decodes` sequences holding `context` tokens at the first."""
+        tokens = seqs = pairs = 0
+        if batch is not None:
+            for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
+                p = seq.num_computed_tokens
+                if p >= seq.num_prompt_tokens:  # as step_seconds counts a decode
+                    decodes += 1
+                    context += p + n
+                else:
+                    tokens, seqs, pairs = tokens + n, seqs + 1, pairs + n * (2 * p + n)
         sched = self.scheduler
-        prefill = sum(n for n in counts if n > 1)
-        shape = (
-            prefill,
-            sum(n > 1 for n in counts),
-            sum(n == 1 for n in counts),
-            len(sched.running),
-            len(sched.waiting),
-        )
         ms = 1e3 * seconds / repeat
-        self.step_rows.extend((start + i * ms / 1e3, ms, *shape) for i in range(repeat))
+        self.step_rows.extend(
+            (start + i * ms / 1e3, ms, tokens, seqs, decodes, len(sched.running), len(sched.waiting), pairs,
+             context + i * decodes)  # fmt: skip
+            for i in range(repeat)
+        )
 
     def finish_decode_run(self) -> None:
         self.busy = False

@@ -15,9 +15,14 @@ from flashstate.sim.replay import SimReplay
 
 
 def run(
-    sessions, policy: str, serve_args: list[str] | None = None, decode_runs: bool = True, **replay
+    sessions,
+    policy: str,
+    serve_args: list[str] | None = None,
+    decode_runs: bool = True,
+    profile: str | None = None,
+    **replay,
 ) -> tuple[ReplayResult, list[SimEngine]]:
-    profile = load_profile()
+    profile = load_profile(profile)
     config = engine_config(profile, serve_args or [], policy)
     loop = EventLoop()
     cfg = ReplayConfig(progress=False, **({"duration_s": 1e9, "max_sessions": len(sessions)} | replay))

@@ -105,7 +105,7 @@ def test_folded_decode_steps_change_nothing():
     rows, plain_rows = engines[0].step_rows, plain_engines[0].step_rows  # a folded run: one row per step
     assert len(rows) == len(plain_rows) == engines[0].steps
     assert sum(r[1] for r in rows) == pytest.approx(sum(r[1] for r in plain_rows))
-    assert [r[2:5] for r in rows] == [r[2:5] for r in plain_rows]
+    assert [(r[2:5], r[7:9]) for r in rows] == [(r[2:5], r[7:9]) for r in plain_rows]
     assert engines[0].cache.stats.evictions == plain_engines[0].cache.stats.evictions
     key = lambda r: (r.session, r.turn)  # noqa: E731
     for a, b in zip(sorted(folded.requests, key=key), sorted(plain.requests, key=key), strict=True):

@@ -1,0 +1,122 @@
+"""A hardware profile's performance model fitted from measured engine steps (`--step-trace` files of a real
+server under load), so the simulator prices steps as that engine ran them.
+
+Rows without prefill tokens fit the decode step, ms = base + per_seq · B + per_token · T (B decoding
+sequences holding T tokens). Rows with prefill fit C(n) = a·n + b·n² through what is left after their
+decoding rows: a chunk of n tokens resuming at depth p costs a·n + b·((p + n)² − p²), and the trace's
+`prefill_tokens` and `prefill_pairs` are those two sums. Least squares with non-negative coefficients (a
+term whose weight would go negative is dropped and the rest refitted).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from flashstate.sim.profile import PROFILE_SCHEMA, Profile
+
+NEEDED = ("ms", "prefill_tokens", "decode_seqs", "prefill_pairs", "decode_context")
+
+
+def read_steps(paths: list[Path]) -> list[dict[str, Any]]:
+    """The rows of step trace files; ValueError naming the file when one is unreadable or too old."""
+    rows = []
+    for path in paths:
+        try:
+            lines = path.read_text().splitlines()
+        except OSError as e:
+            raise ValueError(f"{path}: {e.strerror}") from None
+        for i, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                raise ValueError(f"{path}:{i}: not a JSON line") from None
+            missing = [k for k in NEEDED if k not in row]
+            if missing:
+                raise ValueError(
+                    f"{path}:{i}: a step row without {', '.join(missing)} (a trace from an older server)"
+                )
+            rows.append(row)
+    return rows
+
+
+def _nonneg_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    keep = list(range(x.shape[1]))
+    while True:
+        coef = np.zeros(x.shape[1])
+        if keep:
+            coef[keep] = np.linalg.lstsq(x[:, keep], y, rcond=None)[0]
+        negative = [j for j in keep if coef[j] < 0]
+        if not negative:
+            return coef
+        keep.remove(min(negative, key=lambda j: coef[j]))
+
+
+def _r2(x: np.ndarray, y: np.ndarray, coef: np.ndarray) -> float:
+    residual = y - x @ coef
+    total = ((y - y.mean()) ** 2).sum()
+    return float(1 - (residual**2).sum() / total) if total > 0 else 1.0
+
+
+def fit_steps(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """{"decode": {base_s, per_seq_s, per_token_s}, "prefill": {a, b}, "fit": quality and counts}."""
+    decode_rows = [r for r in rows if not r["prefill_tokens"] and r["decode_seqs"]]
+    prefill_rows = [r for r in rows if r["prefill_tokens"]]
+    if len(decode_rows) < 3 or len(prefill_rows) < 2:
+        raise ValueError(
+            f"too few steps to fit: {len(decode_rows)} pure-decode (need 3) and {len(prefill_rows)} with "
+            "prefill (need 2)"
+        )
+    x = np.array([[1.0, r["decode_seqs"], r["decode_context"]] for r in decode_rows])
+    y = np.array([r["ms"] / 1e3 for r in decode_rows])
+    base, per_seq, per_token = _nonneg_lstsq(x, y)
+    decode_r2 = _r2(x, y, np.array([base, per_seq, per_token]))
+
+    def decode(r: dict[str, Any]) -> float:
+        if not r["decode_seqs"]:
+            return 0.0
+        return base + per_seq * r["decode_seqs"] + per_token * r["decode_context"]
+
+    x = np.array([[r["prefill_tokens"], r["prefill_pairs"]] for r in prefill_rows], dtype=float)
+    y = np.array([r["ms"] / 1e3 - decode(r) for r in prefill_rows])
+    a, b = _nonneg_lstsq(x, y)
+    return {
+        "decode": {"base_s": float(base), "per_seq_s": float(per_seq), "per_token_s": float(per_token)},
+        "prefill": {"a": float(a), "b": float(b)},
+        "fit": {
+            "decode_steps": len(decode_rows),
+            "decode_r2": decode_r2,
+            "prefill_steps": len(prefill_rows),
+            "prefill_r2": _r2(x, y, np.array([a, b])),
+        },
+    }
+
+
+def fitted_profile(
+    base: Profile, rows: list[dict[str, Any]], name: str, sources: list[str]
+) -> dict[str, Any]:
+    """`base`'s memory and engine flags with the step model fitted from `rows`: a profile document."""
+    fit = fit_steps(rows)
+    quality = fit["fit"]
+    return {
+        "schema": PROFILE_SCHEMA,
+        "name": name,
+        "device": base.device,
+        "model": base.model,
+        "dtype": base.dtype,
+        "memory": {"cache_bytes": base.cache_bytes, "host_bytes": base.host_bytes},
+        "engine_args": list(base.engine_args),
+        "prefill": fit["prefill"],
+        "decode": fit["decode"],
+        "provenance": (
+            f"fitted by `flashstate fit-profile` from {quality['decode_steps']} pure-decode steps "
+            f"(R2 {quality['decode_r2']:.2f}) and {quality['prefill_steps']} steps with prefill (R2 "
+            f"{quality['prefill_r2']:.2f}) of {', '.join(sources)}; memory and engine flags from profile "
+            f"{base.name}"
+        ),
+    }

@@ -1,0 +1,77 @@
+import json
+
+import pytest
+
+from flashstate.bench.step_summary import STEP_FIELDS
+from flashstate.cli import main
+from flashstate.sim.fit import fit_steps
+from flashstate.sim.profile import DEFAULT_PROFILE, PROFILES_DIR, load_profile
+
+from .helpers import growing, run
+
+# a step model with every term non-zero, unlike the shipped one's per_token_s
+MODEL = {
+    "decode": {"base_s": 0.004, "per_seq_s": 3e-4, "per_token_s": 2e-9},
+    "prefill": {"a": 2e-5, "b": 9e-11},
+}
+
+
+def _profile(tmp_path) -> str:
+    doc = json.loads((PROFILES_DIR / f"{DEFAULT_PROFILE}.json").read_text())
+    doc.update(MODEL, name="test")
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def _sim_rows(tmp_path) -> list[dict]:
+    sessions = [
+        growing(f"s{i}", turns=4, first=3000 + 500 * i, step=2000, out=60, think=0.3) for i in range(4)
+    ]
+    _, engines = run(sessions, "flashstate", ["--max-num-batched-tokens", "2048"], decode_runs=False,
+                     profile=_profile(tmp_path), agents=4)  # fmt: skip
+    return [dict(zip(STEP_FIELDS, r, strict=True)) for r in engines[0].step_rows]
+
+
+def test_the_fit_recovers_the_model_that_timed_the_steps(tmp_path):
+    """The simulator's steps are timed by a known model; fitting its rows (the fields a server's trace has)
+    gives that model back."""
+    rows = _sim_rows(tmp_path)
+    assert any(r["prefill_tokens"] and r["decode_seqs"] for r in rows)  # mixed steps are in the fit
+    fit = fit_steps(rows)
+    for part in ("decode", "prefill"):
+        for key, want in MODEL[part].items():
+            assert fit[part][key] == pytest.approx(want, rel=1e-6), (part, key)
+    assert fit["fit"]["decode_r2"] == pytest.approx(1.0) and fit["fit"]["prefill_r2"] == pytest.approx(1.0)
+
+
+def test_fit_profile_writes_a_profile_the_simulator_loads(tmp_path, capsys):
+    trace = tmp_path / "steps.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in _sim_rows(tmp_path)))
+    out = tmp_path / "mine.json"
+    assert main(["fit-profile", str(trace), "--out", str(out)]) == 0
+    assert "µs/seq" in capsys.readouterr().out
+    p = load_profile(str(out))
+    assert p.name == "mine" and p.cache_bytes == load_profile().cache_bytes
+    assert p.decode.per_token_s == pytest.approx(MODEL["decode"]["per_token_s"], rel=1e-6)
+    assert p.prefill.b == pytest.approx(MODEL["prefill"]["b"], rel=1e-6)
+    assert "steps.jsonl" in p.provenance
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"ms": 1.0, "prefill_tokens": 0, "decode_seqs": 1}\n', "without prefill_pairs, decode_context"),
+        ("not json\n", "steps.jsonl:1: not a JSON line"),
+        ("", "too few steps to fit"),
+        (None, "missing.jsonl: No such file"),
+    ],
+)
+def test_bad_traces_are_one_line_errors(tmp_path, capsys, content, message):
+    trace = tmp_path / ("steps.jsonl" if content is not None else "missing.jsonl")
+    if content is not None:
+        trace.write_text(content)
+    assert main(["fit-profile", str(trace), "--out", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not (tmp_path / "p.json").exists()
