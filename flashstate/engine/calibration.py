@@ -67,11 +67,14 @@ def max_calibration_tokens(
 
 
 def calibration_lengths(max_tokens: int) -> list[int]:
+    """Doublings from 128 up to `max_tokens`, the longest seven, ending at `max_tokens` itself: the long end
+    is where the attention term shows (stopping at the seventh doubling, 8k, fitted b = 0 on the H200)."""
     lengths, n = [], 128
-    while n <= max_tokens and len(lengths) < 7:
+    while n < max_tokens:
         lengths.append(n)
         n *= 2
-    return lengths or [max(max_tokens // 2, 1), max_tokens]
+    lengths = [*lengths[-6:], max_tokens] if max_tokens >= 128 else []
+    return lengths if len(lengths) >= 2 else [max(max_tokens // 2, 1), max_tokens]
 
 
 def calibrate(

@@ -3,6 +3,7 @@ import pytest
 from flashstate import LLM
 from flashstate.cache.cost import PrefillCost
 from flashstate.cli import main
+from flashstate.engine.calibration import calibration_lengths
 
 
 def test_fit_recovers_known_coefficients():
@@ -38,3 +39,11 @@ def test_calibrate_command_prints_and_stores_the_fit(tiny_model_dir, tmp_path, c
     # The server/engine with the same settings now starts from that fit.
     llm = LLM(tiny_model_dir, calibration_cache_dir=str(tmp_path), max_num_batched_tokens=256)
     assert llm.engine.cost.source == f"cached:{stored[0]}"
+
+
+def test_calibration_lengths_reach_the_longest_prefill():
+    """The long end shows the attention term: the lengths end at the cap (32k on a GPU), not at 8k."""
+    assert calibration_lengths(32768) == [512, 1024, 2048, 4096, 8192, 16384, 32768]
+    assert calibration_lengths(1024) == [128, 256, 512, 1024]
+    assert calibration_lengths(40000)[-2:] == [32768, 40000] and len(calibration_lengths(40000)) == 7
+    assert calibration_lengths(100) == [50, 100]
