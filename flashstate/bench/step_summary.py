@@ -47,6 +47,10 @@ def summarize_rows(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         "decode_steps": len(decode),
         "decode_step_ms_mean": mean([r["ms"] for r in decode]),
         "decode_batch_mean": mean([r["decode_seqs"] for r in decode]),
+        # the decode steps launched while the step before ran (async scheduling); None: not traced
+        "decode_steps_ahead_fraction": mean([float(r["ahead"]) for r in decode])
+        if "ahead" in rows[0]
+        else None,
         "decode_seqs_in_prefill_steps_mean": mean([r["decode_seqs"] for r in mixed]),
         "waiting_mean": mean([r["waiting"] for r in rows]),
         "seconds_in_prefill_steps": mixed_s,

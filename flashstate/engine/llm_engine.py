@@ -259,8 +259,9 @@ class LLMEngine:
         if self.trace is None:
             return self._step()[1]
         start = self._scheduled_at = time.monotonic()
+        ahead = self._in_flight is not None
         batch, outputs = self._step()
-        self.trace.record(start, self._scheduled_at, batch, self.scheduler)
+        self.trace.record(start, self._scheduled_at, batch, self.scheduler, ahead)
         return outputs
 
     def _step(self) -> tuple[ScheduledBatch | None, list[RequestOutput]]:

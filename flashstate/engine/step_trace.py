@@ -21,7 +21,7 @@ class StepTrace:
         self._origin = time.monotonic()
 
     def record(
-        self, start: float, scheduled: float, batch: ScheduledBatch | None, scheduler: Scheduler
+        self, start: float, scheduled: float, batch: ScheduledBatch | None, scheduler: Scheduler, ahead: bool
     ) -> None:
         """time.monotonic() when the step call began and when its batch was scheduled (the start for a
         step launched ahead); `batch`: what it ran (None: nothing)."""
@@ -43,6 +43,7 @@ class StepTrace:
             "decode_seqs": sum(n == 1 for n in counts),
             "prefill_pairs": pairs,
             "decode_context": context,
+            "ahead": ahead,  # launched during the step before (async scheduling), not scheduled by this one
             "running": len(scheduler.running),
             "waiting": len(scheduler.waiting),
         }

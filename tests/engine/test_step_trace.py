@@ -27,6 +27,9 @@ def test_one_line_per_step_accounts_for_every_token(tiny_model_dir, tmp_path):
     assert all(r["prefill_tokens"] <= 32 and r["ms"] >= 0 for r in rows)
     assert rows[0]["waiting"] == 2 and rows[-1]["running"] == 0
     assert [r["t"] for r in rows] == sorted(r["t"] for r in rows)
+    # async scheduling (on by default) launched decode steps ahead; only pure decode steps go ahead
+    assert any(r["ahead"] for r in rows)
+    assert all(r["prefill_tokens"] == 0 for r in rows if r["ahead"])
     # chunks of one prompt tile its square: Σ (p + n)² − p² over them is its length squared
     assert sum(r["prefill_pairs"] for r in rows) == sum(len(p) ** 2 for p in prompts)
     # decodes of each request at lengths len(p) + 1 .. len(p) + 4
