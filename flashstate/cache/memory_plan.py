@@ -1,7 +1,8 @@
-"""Split a memory budget between KV blocks and state slots."""
+"""How much memory the cache gets (`cache_budget`) and how it splits between KV blocks and state slots."""
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 
 import torch
@@ -13,6 +14,19 @@ from flashstate.engine.cache_tensors import kv_bytes_per_block, state_bytes_per_
 from flashstate.models.spec import ModelSpec
 
 SGLANG_STATE_FRACTION = 0.25  # SGLang sizes its state pool apart from the KV pool
+
+
+def cache_budget(config: EngineConfig, device: torch.device) -> int:
+    """KV + state bytes this device can hold (per rank under tensor parallelism)."""
+    if config.kv_cache_memory_bytes is not None:
+        return config.kv_cache_memory_bytes
+    if device.type == "cuda":
+        gc.collect()  # engines closed in this process hand their memory back first
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(device)
+        used = total - free
+        return max(int(total * config.gpu_memory_utilization) - used, 0)
+    return config.cpu_cache_memory_bytes
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,8 +36,9 @@ def run_worker(config: EngineConfig, model_dir: str, rank: int, port: int, conn:
 
 
 def _serve(config: EngineConfig, model_dir: str, rank: int, port: int, conn: Connection) -> None:
+    from flashstate.cache.memory_plan import cache_budget
     from flashstate.engine.cache_tensors import CacheTensors
-    from flashstate.engine.llm_engine import cache_budget, resolve_device
+    from flashstate.engine.llm_engine import resolve_device
     from flashstate.models.loader import load_model
     from flashstate.models.spec import DTYPES
 

@@ -11,7 +11,6 @@ strings.
 
 from __future__ import annotations
 
-import gc
 import itertools
 import logging
 import time
@@ -22,7 +21,7 @@ from flashstate.cache.block_pool import BlockPool
 from flashstate.cache.cost import DEFAULT_COST, PrefillCost
 from flashstate.cache.host import build_host_tier
 from flashstate.cache.manager import CacheManager
-from flashstate.cache.memory_plan import CachePlan, plan_cache, vllm_page_pool
+from flashstate.cache.memory_plan import CachePlan, cache_budget, plan_cache, vllm_page_pool
 from flashstate.cache.policy import build_policy
 from flashstate.cache.state_pool import StatePool
 from flashstate.config import EngineConfig
@@ -46,19 +45,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
-
-
-def cache_budget(config: EngineConfig, device: torch.device) -> int:
-    """KV + state bytes this device can hold (per rank under tensor parallelism)."""
-    if config.kv_cache_memory_bytes is not None:
-        return config.kv_cache_memory_bytes
-    if device.type == "cuda":
-        gc.collect()  # engines closed in this process hand their memory back first
-        torch.cuda.empty_cache()
-        free, total = torch.cuda.mem_get_info(device)
-        used = total - free
-        return max(int(total * config.gpu_memory_utilization) - used, 0)
-    return config.cpu_cache_memory_bytes
 
 
 class LLMEngine:
