@@ -26,21 +26,21 @@ class StepTrace:
         """time.monotonic() when the step call began and when its batch was scheduled (the start for a
         step launched ahead); `batch`: what it ran (None: nothing)."""
         end = time.monotonic()
-        counts = batch.num_tokens if batch is not None else []
-        pairs = context = 0
-        for seq, n in zip(batch.seqs if batch is not None else [], counts, strict=True):
+        tokens = seqs = decodes = pairs = context = 0
+        for seq, n in zip(batch.seqs, batch.num_tokens, strict=True) if batch is not None else ():
             depth = seq.num_computed_tokens  # after the step
-            if n > 1:
+            if depth - n < seq.num_prompt_tokens:  # a prompt chunk (as the simulator prices it)
+                tokens, seqs = tokens + n, seqs + 1
                 pairs += n * (2 * depth - n)  # (depth² − (depth − n)²): what a chunk's attention grows by
             else:
-                context += depth
+                decodes, context = decodes + 1, context + depth
         row = {
             "t": round(start - self._origin, 6),
             "ms": round(1e3 * (end - start), 3),
             "schedule_ms": round(1e3 * (scheduled - start), 3),
-            "prefill_tokens": sum(n for n in counts if n > 1),
-            "prefill_seqs": sum(n > 1 for n in counts),
-            "decode_seqs": sum(n == 1 for n in counts),
+            "prefill_tokens": tokens,
+            "prefill_seqs": seqs,
+            "decode_seqs": decodes,
             "prefill_pairs": pairs,
             "decode_context": context,
             "ahead": ahead,  # launched during the step before (async scheduling), not scheduled by this one
