@@ -13,7 +13,9 @@
 # $OUT/headline-<mode>.tgz, since only a few files come back from there), PRESET (default
 # qwen3-next-2b), WARMUP / DURATION / DRAIN (seconds per run, default 30 / 90 / 30), KV_BYTES (KV + state
 # budget, default 17G: about 70% of what the 48 agents hold at this scale, where the validated simulator
-# puts vllm at the reference's ~30% hit rate; every policy is near its ceiling from 24G on), and any extra `bench compare` flags after the mode.
+# puts vllm at the reference's ~30% hit rate; every policy is near its ceiling from 24G on), GPUS (default
+# 1: the runs one after another; N > 1 spreads them over GPUs 0..N-1, one server per GPU at a time, each
+# measured alone on its card, then merges the results), and any extra `bench compare` flags after the mode.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mode="${1:?usage: headline.sh policies|ablation [bench compare flags]}"
@@ -25,6 +27,7 @@ WARMUP="${WARMUP:-30}"
 DURATION="${DURATION:-90}"
 DRAIN="${DRAIN:-30}"
 KV_BYTES="${KV_BYTES:-17G}"
+GPUS="${GPUS:-1}"
 PY="${PYTHON:-python3}"
 model="$("$PY" -c "from flashstate.models.presets import preset_dir; print(preset_dir('$PRESET'))")"
 serve="--device ${DEVICE:-cuda} --dtype ${DTYPE:-bfloat16} --max-num-seqs 48 --max-num-batched-tokens 8192 --kv-cache-memory-bytes $KV_BYTES"
@@ -33,24 +36,66 @@ common=(
   --length-scale 0.25 --max-context 65536 --time-scale 0.05 --max-think-time 5 --max-output-tokens 512
   --server-timeout 900 --no-progress
 )
+# one run: its name, then its `bench compare` selection
+runs=()
 case "$mode" in
   policies)
-    "$PY" -m flashstate.cli bench compare --policies "${POLICIES:-flashstate,vllm,sglang,none}" \
-      --serve-args "$serve" "${common[@]}" --out "$RESULTS/policies" "$@"
+    IFS=, read -r -a names <<< "${POLICIES:-flashstate,vllm,sglang,none}"
+    reference="${names[0]}"
+    for p in "${names[@]}"; do
+      runs+=("$p|--policies $p")
+      [ "$p" != vllm ] || reference=vllm
+    done
     ;;
   ablation)
-    "$PY" -m flashstate.cli bench compare --policies "" --reference asc-only \
-      --variant "asc-only=flashstate --prefix-cache-eviction lru" \
-      --variant "gds-aligned=flashstate --mamba-checkpoint-placement aligned" \
-      --variant "asc-gds=flashstate" \
-      --variant "asc-gds-host=flashstate --host-cache memory --host-cache-bytes 64G" \
-      --serve-args "$serve" "${common[@]}" --out "$RESULTS/ablation" "$@"
+    runs=(
+      "asc-only|--variant asc-only=flashstate --prefix-cache-eviction lru"
+      "gds-aligned|--variant gds-aligned=flashstate --mamba-checkpoint-placement aligned"
+      "asc-gds|--variant asc-gds=flashstate"
+      "asc-gds-host|--variant asc-gds-host=flashstate --host-cache memory --host-cache-bytes 64G"
+    )
+    reference=asc-only
     ;;
   *)
     echo "headline.sh: unknown mode '$mode' (policies or ablation)" >&2
     exit 2
     ;;
 esac
+out="$RESULTS/$mode"
+
+compare() {  # compare GPU DIR REFERENCE RUN...: the runs one after another on one GPU, results in DIR
+  local gpu="$1" dir="$2" ref="$3" policies="" variants=()
+  shift 3
+  for run in "$@"; do
+    local spec="${run#*|}"
+    case "$spec" in
+      --policies\ *) policies="${policies:+$policies,}${spec#--policies }" ;;
+      --variant\ *) variants+=(--variant "${spec#--variant }") ;;
+    esac
+  done
+  CUDA_VISIBLE_DEVICES="$gpu" "$PY" -m flashstate.cli bench compare --policies "$policies" "${variants[@]}" \
+    --reference "$ref" --serve-args "$serve" "${common[@]}" --out "$dir" "${extra[@]}"
+}
+
+extra=("$@")
+if [ "$GPUS" -le 1 ]; then
+  compare "${CUDA_VISIBLE_DEVICES:-0}" "$out" "$reference" "${runs[@]}"
+else
+  mkdir -p "$out"
+  pids=()
+  for ((g = 0; g < GPUS; g++)); do
+    part=()
+    for ((i = g; i < ${#runs[@]}; i += GPUS)); do part+=("${runs[$i]}"); done
+    [ ${#part[@]} -gt 0 ] || continue
+    compare "$g" "$out/gpu$g" "${part[0]%%|*}" "${part[@]}" > "$out/gpu$g.log" 2>&1 &
+    pids+=($!)
+  done
+  status=0
+  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+  cat "$out"/gpu*.log
+  [ "$status" -eq 0 ] || { echo "headline.sh: a GPU's runs failed (logs above)" >&2; exit 1; }
+  "$PY" -m flashstate.cli bench report "$out"/gpu*/ --reference "$reference" --out "$out"
+fi
 if [ -n "${OUT:-}" ]; then
   tar czf "$OUT/headline-$mode.tgz" -C "$RESULTS" "$mode"
 fi
