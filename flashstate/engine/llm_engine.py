@@ -280,7 +280,6 @@ class LLMEngine:
             self.config.async_scheduling
             and self.runner.inputs is not None
             and self.runner.on_logits is None
-            and self.cache.pages is None
         )
 
     def _pipeline(self, batch: ScheduledBatch, flight: InFlight) -> list[RequestOutput]:

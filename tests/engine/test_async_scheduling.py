@@ -69,20 +69,27 @@ def _assert_pools_full(llm: LLM) -> None:
     assert engine.cache.state_pool.num_free == engine.cache.state_pool.num_slots
 
 
-@pytest.mark.parametrize("prefix_caching", [True, False])
-def test_outputs_equal_the_synchronous_engine(tiny_model_dir, prefix_caching):
-    results, ahead = {}, {}
+@pytest.mark.parametrize(
+    ("prefix_caching", "policy"), [(True, "flashstate"), (False, "flashstate"), (True, "vllm")]
+)
+def test_outputs_equal_the_synchronous_engine(tiny_model_dir, prefix_caching, policy):
+    results, ahead, hits = {}, {}, {}
     for mode in (False, True):
-        llm = _engine(tiny_model_dir, mode, enable_prefix_caching=prefix_caching)
-        reqs = _requests(llm.engine.spec.vocab_size)
+        llm = _engine(tiny_model_dir, mode, enable_prefix_caching=prefix_caching, cache_policy=policy)
+        # one shared 70-token system prompt: more than one of vLLM's 64-token blocks, so every policy hits
+        reqs = [(list(range(100, 170)) + p, sp) for p, sp in _requests(llm.engine.spec.vocab_size)]
         calls = []
         launch = llm.engine.runner.launch_ahead
         llm.engine.runner.launch_ahead = lambda *a, _f=launch, _c=calls: _c.append(1) or _f(*a)
-        # twice: the second round hits the prefix cache the first one filled (frontier checkpoints)
-        results[mode] = [_summary(llm.generate([p for p, _ in reqs], [s for _, s in reqs])) for _ in range(2)]
+        first = llm.generate([p for p, _ in reqs], [s for _, s in reqs])
+        # a second turn each, resuming from the frontier checkpoint the first one left (a prefix hit)
+        turns = [p + o.token_ids + [7, 8, 9] for (p, _), o in zip(reqs, first, strict=True)]
+        results[mode] = [_summary(first), _summary(llm.generate(turns, [s for _, s in reqs]))]
         ahead[mode] = len(calls)
+        hits[mode] = llm.engine.cache.stats.cached_tokens
         _assert_pools_full(llm)
     assert ahead[False] == 0 and ahead[True] > 20
+    assert hits[True] == hits[False] and (hits[True] > 0) == prefix_caching  # the same cache decisions
     for got, want in zip(results[True], results[False], strict=True):
         _assert_same(got, want)
     reasons = {r[2] for r in results[True][0]}
