@@ -259,6 +259,27 @@ def ms(fn) -> float:
     return do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
+def time_conv() -> None:
+    """The short conv at a 32k-token prefill (its tile is autotuned per shape: the chosen one is recorded)."""
+    from flashstate.ops.short_conv.triton import _conv_kernel
+
+    t = 32768
+    cu = torch.tensor([0, t], dtype=torch.int32, device=DEV)
+    idx, has = torch.tensor([0], device=DEV), torch.tensor([True], device=DEV)
+    xc = torch.randn(t, 8192, device=DEV, dtype=BF16)
+    w = torch.randn(8192, 4, device=DEV)
+    cpool = torch.randn(2, 8192, 3, device=DEV, dtype=BF16)
+    conv = ms(
+        lambda: short_conv.causal_conv1d(
+            xc, w, None, conv_state_pool=cpool, state_indices=idx, has_initial_state=has, cu_seqlens=cu
+        )
+    )
+    best = getattr(_conv_kernel, "best_config", None)
+    record(
+        "time", "short_conv.32k_d8192_k4", ms=conv, gb_per_s=2 * xc.numel() * 2 / conv / 1e6, tile=str(best)
+    )
+
+
 def time_recurrent() -> None:
     torch.manual_seed(2)
     t, h, d = 32768, 16, 128
@@ -337,16 +358,6 @@ def time_recurrent() -> None:
         ms_4_exports=with_exp,
         export_overhead_pct=100 * (with_exp - base) / base,
     )
-
-    xc = torch.randn(t, 8192, device=DEV, dtype=BF16)
-    w = torch.randn(8192, 4, device=DEV)
-    cpool = torch.randn(2, 8192, 3, device=DEV, dtype=BF16)
-    conv = ms(
-        lambda: short_conv.causal_conv1d(
-            xc, w, None, conv_state_pool=cpool, state_indices=idx, has_initial_state=has, cu_seqlens=cu
-        )
-    )
-    record("time", "short_conv.32k_d8192_k4", ms=conv, gb_per_s=2 * xc.numel() * 2 / conv / 1e6)
 
     for batch in (1, 16, 64):
         dcu = torch.arange(batch + 1, dtype=torch.int32, device=DEV)
@@ -483,7 +494,9 @@ def time_attention(sweep: bool = False) -> None:
 
 
 def main() -> None:
-    steps = {f.__name__: f for f in (check_recurrent, check_attention, time_recurrent, time_attention)}
+    steps = {
+        f.__name__: f for f in (check_recurrent, check_attention, time_conv, time_recurrent, time_attention)
+    }
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--steps", default=",".join(steps), help="comma-separated subset of " + ", ".join(steps)
