@@ -1,5 +1,6 @@
 """What the engine benchmarks share: a greedy sampling preset, a CUDA timer, a wall-time wrapper for an
-engine's methods, an LLM on the card with the benchmark defaults, and reproducible token-id prompts."""
+engine's methods, one engine step under the profiler, an LLM on the card with the benchmark defaults, and
+reproducible token-id prompts."""
 
 from __future__ import annotations
 
@@ -23,6 +24,20 @@ def cuda_time(fn, repeats: int = 3) -> float:
         torch.cuda.synchronize()
         best = min(best, time.perf_counter() - start)
     return best
+
+
+def profiled_step(engine, path: Path) -> None:
+    """One engine step under the torch profiler; its table of the top kernels (by CUDA time on a GPU) goes
+    to `path`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        engine.step()
+        if cuda:
+            torch.cuda.synchronize()
+    key = "cuda_time_total" if cuda else "cpu_time_total"
+    path.write_text(prof.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=70))
 
 
 def make_llm(model_dir: Path, **kw) -> LLM:

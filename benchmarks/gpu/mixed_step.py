@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from engine_setup import make_llm, prompt  # noqa: E402
+from engine_setup import make_llm, profiled_step, prompt  # noqa: E402
 
 from flashstate import SamplingParams  # noqa: E402
 from flashstate.models.presets import preset_dir  # noqa: E402
@@ -46,18 +46,6 @@ def timed_step(engine) -> tuple[float, int, int]:
 def sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-
-
-def profiled_step(engine, path: Path) -> None:
-    """One step under the torch profiler; its CUDA-time table goes to `path`."""
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with profile(activities=activities) as prof:
-        engine.step()
-        sync()
-    key = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
-    path.write_text(prof.key_averages().table(sort_by=key, row_limit=40))
 
 
 def run(

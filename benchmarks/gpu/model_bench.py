@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from engine_setup import GREEDY, cuda_time, make_llm, prompt, timed  # noqa: E402
+from engine_setup import GREEDY, cuda_time, make_llm, profiled_step, prompt, timed  # noqa: E402
 from exactness import check_greedy_paths, check_oracle  # noqa: E402
 from smoke import ceilings  # noqa: E402
 
@@ -63,16 +63,10 @@ def prefill_flops(llm: LLM, tokens: int) -> float:
 
 def profile_step(llm: LLM, ids: list[int], params: SamplingParams) -> None:
     """Where one prefill step's GPU time goes: $OUT/profile_prefill_<n>.txt, the top kernels."""
-    from torch.profiler import ProfilerActivity, profile
-
     llm.engine.add_request(ids, params)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        llm.engine.step()
-        torch.cuda.synchronize()
+    profiled_step(llm.engine, Path(os.environ.get("OUT", ".")) / f"profile_prefill_{len(ids)}.txt")
     while llm.engine.has_unfinished():
         llm.engine.step()
-    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70)
-    (Path(os.environ.get("OUT", ".")) / f"profile_prefill_{len(ids)}.txt").write_text(table)
 
 
 def bench_prefill(

@@ -10,6 +10,23 @@ import time
 from typing import TextIO
 
 from flashstate.engine.scheduler import ScheduledBatch, Scheduler
+from flashstate.engine.sequence import Sequence
+
+
+def step_shape(seqs: list[Sequence], counts: list[int], computed: bool) -> tuple[int, int, int, int, int]:
+    """(prefill tokens, prefill sequences, decoding sequences, prefill pairs, decode context) of a step that
+    runs counts[i] tokens of seqs[i]; `computed`: the sequences' num_computed_tokens already include it.
+    A sequence still inside its prompt runs a prefill chunk, any other decodes (as the simulator prices
+    them)."""
+    tokens = prefills = decodes = pairs = context = 0
+    for seq, n in zip(seqs, counts, strict=True):
+        p = seq.num_computed_tokens - (n if computed else 0)  # depth before the step
+        if p < seq.num_prompt_tokens:
+            tokens, prefills = tokens + n, prefills + 1
+            pairs += n * (2 * p + n)  # (p + n)² − p²: what the chunk's attention grows by
+        else:
+            decodes, context = decodes + 1, context + p + n
+    return tokens, prefills, decodes, pairs, context
 
 
 class StepTrace:
@@ -26,20 +43,14 @@ class StepTrace:
         """time.monotonic() when the step call began and when its batch was scheduled (the start for a
         step launched ahead); `batch`: what it ran (None: nothing)."""
         end = time.monotonic()
-        tokens = seqs = decodes = pairs = context = 0
-        for seq, n in zip(batch.seqs, batch.num_tokens, strict=True) if batch is not None else ():
-            depth = seq.num_computed_tokens  # after the step
-            if depth - n < seq.num_prompt_tokens:  # a prompt chunk (as the simulator prices it)
-                tokens, seqs = tokens + n, seqs + 1
-                pairs += n * (2 * depth - n)  # (depth² − (depth − n)²): what a chunk's attention grows by
-            else:
-                decodes, context = decodes + 1, context + depth
+        seqs, counts = (batch.seqs, batch.num_tokens) if batch is not None else ([], [])
+        tokens, prefills, decodes, pairs, context = step_shape(seqs, counts, computed=True)
         row = {
             "t": round(start - self._origin, 6),
             "ms": round(1e3 * (end - start), 3),
             "schedule_ms": round(1e3 * (scheduled - start), 3),
             "prefill_tokens": tokens,
-            "prefill_seqs": seqs,
+            "prefill_seqs": prefills,
             "decode_seqs": decodes,
             "prefill_pairs": pairs,
             "decode_context": context,

@@ -26,6 +26,7 @@ from flashstate.cache.state_pool import StatePool
 from flashstate.config import EngineConfig
 from flashstate.engine.scheduler import ScheduledBatch, Scheduler
 from flashstate.engine.sequence import RequestStats, Sequence
+from flashstate.engine.step_trace import step_shape
 from flashstate.models.spec import DTYPES, ModelSpec
 from flashstate.sampling_params import SamplingParams
 from flashstate.sim.profile import DecodeModel
@@ -188,18 +189,21 @@ class SimEngine:
         decode steps taking `seconds` in all) `decodes` sequences holding `context` tokens at the first."""
         tokens = seqs = pairs = 0
         if batch is not None:
-            for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
-                p = seq.num_computed_tokens
-                if p >= seq.num_prompt_tokens:  # as step_seconds counts a decode
-                    decodes += 1
-                    context += p + n
-                else:
-                    tokens, seqs, pairs = tokens + n, seqs + 1, pairs + n * (2 * p + n)
+            tokens, seqs, decodes, pairs, context = step_shape(batch.seqs, batch.num_tokens, computed=False)
         sched = self.scheduler
         ms = 1e3 * seconds / repeat
         self.step_rows.extend(
-            (start + i * ms / 1e3, ms, tokens, seqs, decodes, len(sched.running), len(sched.waiting), pairs,
-             context + i * decodes)  # fmt: skip
+            (
+                start + i * ms / 1e3,
+                ms,
+                tokens,
+                seqs,
+                decodes,
+                len(sched.running),
+                len(sched.waiting),
+                pairs,
+                context + i * decodes,
+            )  # fmt: skip
             for i in range(repeat)
         )
 
