@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu/headline.sh policies   # flashstate, vllm, sglang, none (POLICIES= a subset)
 #   bash benchmarks/gpu/headline.sh ablation   # ASC alone (LRU eviction), GDS alone (block-aligned
 #                                              # checkpoints), ASC + GDS, ASC + GDS + host tier
+#                                              # (VARIANTS= a subset)
 #   runs of separate commands merge with `flashstate bench report DIR... --out DIR`
 #
 # Environment: DEVICE / DTYPE (default cuda / bfloat16; cpu / float32 for a smoke run), FLASHSTATE_TRACES
@@ -55,6 +56,12 @@ case "$mode" in
       "asc-gds-host|--variant asc-gds-host=flashstate --host-cache memory --host-cache-bytes 64G"
     )
     reference=asc-only
+    if [ -n "${VARIANTS:-}" ]; then  # a subset, by name
+      picked=()
+      for run in "${runs[@]}"; do if [[ ",$VARIANTS," == *",${run%%|*},"* ]]; then picked+=("$run"); fi; done
+      runs=("${picked[@]}")
+      reference="${runs[0]%%|*}"
+    fi
     ;;
   *)
     echo "headline.sh: unknown mode '$mode' (policies or ablation)" >&2

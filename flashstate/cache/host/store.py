@@ -12,6 +12,10 @@ from typing import Protocol
 
 import torch
 
+from flashstate.cache.host.arena import HostArena
+
+ARENA_HEADROOM = 8  # the arena holds capacity * (1 + 1/8)
+
 
 class StoreUnavailableError(RuntimeError):
     """The store (e.g. the Mooncake master) cannot be reached."""
@@ -48,8 +52,10 @@ class HostStore(Protocol):
 
 
 class MemoryStore:
-    """Objects in this process's memory (page-locked when CUDA is present, so host → GPU copies are
-    asynchronous DMA); `capacity` bytes at most (a put beyond it is refused)."""
+    """Objects in this process's memory; `capacity` bytes at most (a put beyond it is refused). Objects are
+    built in place in an arena (arena.py) page-locked once when CUDA is present, so copies to and from the
+    GPU are asynchronous DMA and no write pays for page-locking. The arena has headroom over `capacity`:
+    a removed object's range frees only once the tier's writer has dropped it and no restore reads it."""
 
     name = "memory"
     shared = False
@@ -59,6 +65,7 @@ class MemoryStore:
             raise ValueError(f"host store capacity must be >= 1 byte, got {capacity}")
         self._capacity = capacity
         self.pin = torch.cuda.is_available() if pin is None else pin
+        self.arena = HostArena(capacity + capacity // ARENA_HEADROOM, pin=self.pin)
         self._objects: dict[str, torch.Tensor] = {}
         self._used = 0
         self._lock = threading.Lock()
@@ -71,9 +78,10 @@ class MemoryStore:
     def used(self) -> int:
         return self._used
 
-    def allocate(self, nbytes: int) -> torch.Tensor:
-        """A buffer objects are built in (pinned where the store pins): `put` keeps it without a copy."""
-        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pin)
+    def allocate(self, nbytes: int) -> torch.Tensor | None:
+        """A buffer to build an object in, which `put` keeps without a copy; None when the arena has no
+        free range that large."""
+        return self.arena.allocate(nbytes)
 
     def put(self, key: str, data: torch.Tensor) -> bool:
         with self._lock:
@@ -107,3 +115,4 @@ class MemoryStore:
         with self._lock:
             self._objects.clear()
             self._used = 0
+        self.arena.close()

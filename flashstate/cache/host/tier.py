@@ -182,6 +182,14 @@ class HostTier:
             if need > self.capacity or not self._make_room(need, self._clock + value):
                 self.stats.writes_skipped += 1
                 return
+            try:
+                objects = [
+                    ObjectBuilder(chunk_keys[i], self.transfer.kv_specs(c), self._allocate) for i in new
+                ]
+                objects.append(ObjectBuilder(key, specs, self._allocate))
+            except MemoryError:
+                self.stats.writes_skipped += 1
+                return
             for i in new:
                 self._chunks[chunk_keys[i]] = _Chunk(self._chunk_bytes)
             for k in chunk_keys:
@@ -190,20 +198,24 @@ class HostTier:
             self._states[key] = state
             self._by_base.setdefault(state.base, []).append(state)
             self.used += need
-        objects = []
-        for i in new:
-            obj = ObjectBuilder(chunk_keys[i], self.transfer.kv_specs(c), self._allocate)
+        for i, obj in zip(new, objects, strict=False):
             self.transfer.gather_kv(blocks[i * c // b : (i + 1) * c // b], c, obj.tensors)
-            objects.append(obj)
-        obj = ObjectBuilder(key, specs, self._allocate)
+        obj = objects[-1]
         n = self.transfer.num_state_tensors()
         self.transfer.gather_state(slot, obj.tensors[:n])
         self.transfer.gather_kv(blocks[base // b : -(-depth // b)], depth - base, obj.tensors[n:])
-        objects.append(obj)
         self._queue.put(_Write(key, objects, self.transfer.event()))
 
     def _allocate(self, nbytes: int) -> torch.Tensor:
-        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self._pin)
+        """A buffer to build an object in: from the store when it keeps the buffer (MemoryStore's arena),
+        else a staging buffer the put copies out of (torch's pinned allocator reuses it after)."""
+        allocate = getattr(self.store, "allocate", None)
+        if allocate is None:
+            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self._pin)
+        buffer = allocate(nbytes)
+        if buffer is None:
+            raise MemoryError(f"the {self.store.name} store has no free range of {nbytes} bytes")
+        return buffer
 
     def _value(self, state: _State) -> float:
         exclusive = sum(self._chunks[k].nbytes for k in state.chunks if self._chunks[k].refs == 1)
