@@ -1,6 +1,6 @@
 """What a fresh page-locked host buffer costs, and what it does to kernel launches on another thread.
 
-    PYTHONPATH=. python benchmarks/gpu/pinned_alloc.py      # CUDA; prints a table, writes $OUT/pinned_alloc.json
+    PYTHONPATH=. python benchmarks/gpu/pinned_alloc.py   # CUDA; a table, and $OUT/pinned_alloc.json
 
 The host tier builds every write-back object in pinned memory. torch's caching host allocator rounds a
 request up to a power of two and only reuses a freed block, so while the store fills, every object is a
@@ -71,7 +71,7 @@ def main() -> None:
     rows.append(("step of 200 small kernels, alone", alone, ""))
     rows.append(("same, another thread allocating pinned", busy, f"{len(allocated)} buffers meanwhile"))
     print(rows[-2:], flush=True)
-    del allocated
+    allocated.clear()
     big = torch.empty(2048 * MB, dtype=torch.uint8)
     big.fill_(0)
     start = time.perf_counter()
