@@ -22,7 +22,7 @@ from flashstate.ops.attention.triton import _merge_splits_kernel, _paged_attenti
 from flashstate.ops.norm.triton import _rms_norm_kernel
 from flashstate.ops.pooled_triton import _export_kernel, _zero_fresh_kernel
 from flashstate.ops.rotary.triton import _rotary_kernel
-from flashstate.ops.short_conv.triton import _conv_kernel, _window_kernel
+from flashstate.ops.short_conv.triton import _CONV_CONFIGS, _conv_kernel, _window_kernel
 from flashstate.ops.ssd.decode_triton import _ssd_decode_kernel
 
 TARGET = GPUTarget("cuda", 90, 64)
@@ -148,9 +148,9 @@ def main() -> None:
         indices="*i64",
         has_initial="*i1",
     )
-    for bd in (128, 16):
-        for bt in (32, 64, 128):  # the autotuned tiles
-            ok.append(build(_conv_kernel, conv, dict(K=4, HAS_BIAS=True, SILU=True, BT=bt, BD=bd)))
+    for config in _CONV_CONFIGS:  # every autotuned tile (warps do not change what compiles)
+        if config.num_warps == 4:
+            ok.append(build(_conv_kernel, conv, dict(K=4, HAS_BIAS=True, SILU=True, **config.kwargs)))
     norm = dict(x_ptr="*bf16", z_ptr="*bf16", r_ptr="*bf16", w_ptr="*bf16", y_ptr="*bf16", s_ptr="*bf16")
     for gated, residual, block in [
         (False, False, 2048),

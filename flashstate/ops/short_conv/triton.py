@@ -16,15 +16,33 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-# Tokens per tile and warps, tuned per shape on the card (a 32k prefill spent ~5× the conv's memory time
-# with one fixed 32-token tile); `t_bucket` (log2 of the token count) lets short and long batches differ.
-# (Triton's interpreter cannot time configs: one there.)
-_CONV_CONFIGS = [triton.Config({"BT": bt}, num_warps=w) for bt in (32, 64, 128) for w in (4, 8)]
+# Tokens per tile, channels per tile and warps, tuned per shape on the card (a 32k prefill spent ~5× the
+# conv's memory time with one fixed 32 × 128 tile, then ~4× with the token tile tuned alone); `t_bucket`
+# (log2 of the token count) lets short and long batches differ. A channel tile must divide every inner
+# part boundary (`BD_MAX`, from `_tile`), and tiles stay within 16k elements (the fp32 accumulator lives
+# in registers). Triton's interpreter cannot time configs (even one left by pruning): there, one config
+# with the smallest channel tile, which divides every boundary `_tile` accepts.
+_CONV_CONFIGS = [
+    triton.Config({"BT": bt, "BD": bd}, num_warps=w)
+    for bd in (128, 256, 512, 64, 32, 16)
+    for bt in (32, 64, 128)
+    for w in (4, 8)
+    if bt * bd <= 16384
+]
+
+
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _prune_conv_configs(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+    bd_max = named_args["BD_MAX"]
+    return [c for c in configs if min(bd_max, 128) <= c.kwargs["BD"] <= bd_max]
 
 
 @triton.autotune(
-    configs=_CONV_CONFIGS[:1] if os.environ.get("TRITON_INTERPRET") == "1" else _CONV_CONFIGS,
-    key=["D", "split_a", "split_b", "t_bucket", "K", "BD"],
+    configs=[triton.Config({"BT": 32, "BD": 16}, num_warps=4)] if _INTERPRETED else _CONV_CONFIGS,
+    key=["D", "split_a", "split_b", "t_bucket", "K", "BD_MAX"],
+    prune_configs_by={"early_config_prune": _prune_conv_configs},
 )
 @triton.jit
 def _conv_kernel(
@@ -45,6 +63,7 @@ def _conv_kernel(
     stride_x_t,
     stride_pool_s,
     stride_pool_d,
+    BD_MAX,
     K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SILU: tl.constexpr,
@@ -219,7 +238,7 @@ def causal_conv1d(
     seq_of_token = torch.searchsorted(cu, torch.arange(t_total, device=x.device), right=True) - 1
     flat = torch.empty(t_total * dim, dtype=x.dtype, device=x.device)
     if t_total:
-        grid = lambda meta: (triton.cdiv(t_total, meta["BT"]), triton.cdiv(dim, bd))  # noqa: E731
+        grid = lambda meta: (triton.cdiv(t_total, meta["BT"]), triton.cdiv(dim, meta["BD"]))  # noqa: E731
         _conv_kernel[grid](
             x,
             weight,
@@ -238,10 +257,10 @@ def causal_conv1d(
             x.stride(0),
             conv_state_pool.stride(0),
             conv_state_pool.stride(1),
+            bd,
             K=kernel,
             HAS_BIAS=bias is not None,
             SILU=activation == "silu",
-            BD=bd,
         )
     n = idx.shape[0]
     if export_token_ids is None or export_token_ids.numel() == 0:
@@ -268,9 +287,9 @@ def _split_bounds(out_splits: list[int] | None, dim: int) -> tuple[int, int]:
 
 
 def _tile(bounds: tuple[int, int], dim: int) -> int | None:
-    """Channel tile: 128, or the largest power of two ≥ 16 dividing every inner part boundary (a tile
-    never straddles two parts); None if there is none."""
-    bd = 128
+    """The largest channel tile: 512, or the largest power of two ≥ 16 dividing every inner part boundary
+    (a tile never straddles two parts); None if there is none."""
+    bd = 512
     while bd >= 16:
         if all(b % bd == 0 for b in bounds if b < dim):
             return bd
