@@ -19,10 +19,11 @@ from triton.compiler import ASTSource
 
 from flashstate.ops.activation.triton import _silu_mul_kernel
 from flashstate.ops.attention.triton import _merge_splits_kernel, _paged_attention_kernel
+from flashstate.ops.gdn_gating.triton import _gdn_gating_kernel
 from flashstate.ops.norm.triton import _rms_norm_kernel
 from flashstate.ops.pooled_triton import _export_kernel, _zero_fresh_kernel
 from flashstate.ops.rotary.triton import _rotary_kernel
-from flashstate.ops.short_conv.triton import _CONV_CONFIGS, _conv_kernel, _window_kernel
+from flashstate.ops.short_conv.triton import _CONV_CONFIGS, _conv_kernel, _conv_update_kernel, _window_kernel
 from flashstate.ops.ssd.decode_triton import _ssd_decode_kernel
 
 TARGET = GPUTarget("cuda", 90, 64)
@@ -151,6 +152,9 @@ def main() -> None:
     for config in _CONV_CONFIGS:  # every autotuned tile (warps do not change what compiles)
         if config.num_warps == 4:
             ok.append(build(_conv_kernel, conv, dict(K=4, HAS_BIAS=True, SILU=True, **config.kwargs)))
+    update = {k: v for k, v in conv.items() if k not in ("seq_of_token", "cu_seqlens")}
+    constants = dict(K=4, KP=4, HAS_BIAS=True, SILU=True, BD=256)
+    ok.append(build(_conv_update_kernel, update, constants, num_warps=4))
     norm = dict(x_ptr="*bf16", z_ptr="*bf16", r_ptr="*bf16", w_ptr="*bf16", y_ptr="*bf16", s_ptr="*bf16")
     for gated, residual, block in [
         (False, False, 2048),
@@ -172,6 +176,9 @@ def main() -> None:
         build(_rotary_kernel, dict(x="*bf16", cos="*bf16", sin="*bf16"), dict(BHALF=32, BH=16), num_warps=4)
     )
     ok.append(build(_silu_mul_kernel, dict(gate_up="*bf16", out="*bf16"), dict(BLOCK=1024), num_warps=4))
+    gating = dict(a="*bf16", b="*bf16", A_log="*fp32", dt_bias="*bf16", g="*fp32", beta="*bf16")
+    for bt in (1, 64):  # a one-token decode row, a prefill tile
+        ok.append(build(_gdn_gating_kernel, gating, dict(BT=bt, BH=32), num_warps=4))
     window = dict(
         x="*bf16",
         pool="*fp32",

@@ -21,6 +21,7 @@ from flashstate.models.spec import AttentionSpec, LinearSpec, ModelSpec, MoeSpec
 from flashstate.ops.activation import silu_mul
 from flashstate.ops.attention import paged_attention, store_kv
 from flashstate.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+from flashstate.ops.gdn_gating import gdn_gating
 from flashstate.ops.rotary import apply_rotary_
 from flashstate.ops.short_conv import causal_conv1d
 
@@ -191,8 +192,7 @@ class Qwen3NextGatedDeltaNet(LinearMixer):
             cu_seqlens=meta.cu_seqlens, export_token_ids=meta.export_token_ids, activation="silu",
             out_splits=[key_dim, key_dim, value_dim],
         )
-        beta = dense_on_cpu(b).sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        g, beta = gdn_gating(a, b, self.A_log, self.dt_bias)
         op = fused_recurrent_gated_delta_rule if meta.is_decode else chunk_gated_delta_rule
         o, ssm_exported = op(
             q.view(1, t, self.nk, self.dk), k.view(1, t, self.nk, self.dk),

@@ -161,6 +161,57 @@ def _window_kernel(
             tl.store(dst, sv.to(out.dtype.element_ty), mask=d_ok)
 
 
+@triton.jit
+def _conv_update_kernel(
+    x,
+    weight,
+    bias,
+    y,
+    pool,
+    indices,
+    has_initial,
+    T,
+    D,
+    split_a,
+    split_b,
+    stride_x_t,
+    stride_pool_s,
+    stride_pool_d,
+    K: tl.constexpr,
+    KP: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SILU: tl.constexpr,
+    BD: tl.constexpr,
+):
+    # one token per sequence (a decode batch): row i is sequence i; its slot's window [D, K - 1] (oldest
+    # input first) gives taps 0..K-2, the token tap K-1; the slot then shifts by one and takes the token.
+    # Every load of the slot precedes the store into it.
+    i = tl.program_id(0).to(tl.int64)
+    d = tl.program_id(1) * BD + tl.arange(0, BD)
+    c = tl.arange(0, KP)
+    d_ok = d < D
+    slot = tl.load(indices + i).to(tl.int64)
+    has = tl.load(has_initial + i) != 0
+    cell = pool + slot * stride_pool_s + d[:, None] * stride_pool_d + c[None, :]
+    in_window = d_ok[:, None] & (c < K - 1)[None, :]
+    window = tl.load(cell, mask=in_window & has, other=0.0)
+    ahead = tl.load(cell + 1, mask=d_ok[:, None] & (c < K - 2)[None, :] & has, other=0.0)
+    xv = tl.load(x + i * stride_x_t + d, mask=d_ok, other=0.0)
+    w = tl.load(weight + d[:, None] * K + c[None, :], mask=in_window, other=0.0).to(tl.float32)
+    acc = tl.sum(window.to(tl.float32) * w, axis=1)
+    acc += xv.to(tl.float32) * tl.load(weight + d * K + K - 1, mask=d_ok, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        acc += tl.load(bias + d, mask=d_ok, other=0.0).to(tl.float32)
+    if SILU:
+        acc = acc * tl.sigmoid(acc)
+    shifted = tl.where((c == K - 2)[None, :], xv.to(pool.dtype.element_ty)[:, None], ahead)
+    tl.store(cell, shifted, mask=in_window)
+    d0 = tl.program_id(1) * BD
+    lo = tl.where(d0 < split_a, 0, tl.where(d0 < split_b, split_a, split_b)).to(tl.int64)
+    hi = tl.where(d0 < split_a, split_a, tl.where(d0 < split_b, split_b, D)).to(tl.int64)
+    tl.store(y + lo * T + i * (hi - lo) + (d - lo), acc.to(y.dtype.element_ty), mask=d_ok)
+
+
 def _windows(
     x: Tensor,
     pool: Tensor,
@@ -235,8 +286,23 @@ def causal_conv1d(
     weight = weight.contiguous()
     idx = state_indices.to(device=x.device, dtype=torch.long)
     has = has_initial_state.to(device=x.device)
-    seq_of_token = torch.searchsorted(cu, torch.arange(t_total, device=x.device), right=True) - 1
     flat = torch.empty(t_total * dim, dtype=x.dtype, device=x.device)
+    n = idx.shape[0]
+    if t_total == n and n:  # one token per sequence (spans are never empty): update the slots in place
+        bd_update = min(bd, 256)
+        _conv_update_kernel[(n, triton.cdiv(dim, bd_update))](
+            x, weight, bias if bias is not None else weight, flat, conv_state_pool, idx, has, t_total, dim,
+            bounds[0], bounds[1], x.stride(0), conv_state_pool.stride(0), conv_state_pool.stride(1),
+            K=kernel, KP=triton.next_power_of_2(width), HAS_BIAS=bias is not None,
+            SILU=activation == "silu", BD=bd_update,
+        )  # fmt: skip
+        if export_token_ids is None or export_token_ids.numel() == 0:
+            exported = conv_state_pool.new_empty((0, dim, width))
+        else:  # token e is sequence e: its export is the slot's new window
+            e = export_token_ids.to(device=x.device, dtype=torch.long)
+            exported = conv_state_pool.index_select(0, idx[e])
+        return _parts(flat, t_total, dim, out_splits), exported
+    seq_of_token = torch.searchsorted(cu, torch.arange(t_total, device=x.device), right=True) - 1
     if t_total:
         grid = lambda meta: (triton.cdiv(t_total, meta["BT"]), triton.cdiv(dim, meta["BD"]))  # noqa: E731
         _conv_kernel[grid](
@@ -262,7 +328,6 @@ def causal_conv1d(
             HAS_BIAS=bias is not None,
             SILU=activation == "silu",
         )
-    n = idx.shape[0]
     if export_token_ids is None or export_token_ids.numel() == 0:
         exported = conv_state_pool.new_empty((0, dim, width))
     else:
@@ -270,10 +335,15 @@ def causal_conv1d(
         exported = _windows(x, conv_state_pool, cu, idx, has, seq_of_token[e], e, e.shape[0])
     finals = _windows(x, conv_state_pool, cu, idx, has, None, None, n)
     conv_state_pool.index_copy_(0, idx, finals)
+    return _parts(flat, t_total, dim, out_splits), exported
+
+
+def _parts(flat: Tensor, t_total: int, dim: int, out_splits: list[int] | None) -> Tensor | tuple[Tensor, ...]:
+    """The kernel's output: [T, D], or one contiguous [T, s] tensor per part laid end to end."""
     if out_splits is None:
-        return flat.view(t_total, dim), exported
+        return flat.view(t_total, dim)
     edges = [0, *accumulate(out_splits)]
-    return tuple(flat[t_total * a : t_total * b].view(t_total, b - a) for a, b in pairwise(edges)), exported
+    return tuple(flat[t_total * a : t_total * b].view(t_total, b - a) for a, b in pairwise(edges))
 
 
 def _split_bounds(out_splits: list[int] | None, dim: int) -> tuple[int, int]:

@@ -114,3 +114,58 @@ def test_rotary_in_place_matches_the_torch_form(rotary_dims):
     c, s = cos[:, None, :half], sin[:, None, :half]
     torch.testing.assert_close(want[..., :half], x1 * c - x2 * s)
     assert torch.equal(want[..., rotary_dims:], wide[..., rotary_dims:d])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("t", [1, 5, 300])
+def test_gdn_gating_matches_the_torch_form(dtype, t):
+    from flashstate.ops.gdn_gating import naive as gating_naive
+    from flashstate.ops.gdn_gating.triton import gdn_gating
+
+    g = torch.Generator().manual_seed(t)
+    hv = 12
+    ba = (torch.randn(t, 2 * hv, generator=g) * 8).to(DEV, dtype)  # in_proj_ba's output: b, a are views
+    ba[0, hv] = 30.0  # softplus's pass-through above 20
+    b, a = ba.split([hv, hv], dim=-1)
+    a_log = torch.randn(hv, generator=g).to(DEV)
+    dt_bias = torch.randn(hv, generator=g).to(DEV, dtype)
+    got_g, got_beta = gdn_gating(a, b, a_log, dt_bias)
+    want_g, want_beta = gating_naive.gdn_gating(a, b, a_log, dt_bias)
+    assert got_g.dtype == torch.float32 and got_beta.dtype == dtype and got_g.shape == (t, hv)
+    torch.testing.assert_close(got_g, want_g, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        got_beta.float(), want_beta.float(), rtol=1e-2 if dtype != torch.float32 else 1e-6, atol=1e-6
+    )
+    with pytest.raises(ValueError, match="gates"):
+        gdn_gating(a, b[:, :-1], a_log, dt_bias)
+
+
+@pytest.mark.parametrize("splits", [None, [32, 32, 64]])
+@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
+def test_conv_decode_batch_updates_the_slots_in_place_like_the_general_path(splits, pool_dtype):
+    torch.manual_seed(6)
+    n, d = 5, 128
+    wide = torch.randn(n, d + 16).to(pool_dtype)  # the model's dtype, as the pool's and the weights'
+    x, w, b = wide[:, :d], torch.randn(d, 4).to(pool_dtype), torch.randn(d).to(pool_dtype)
+    pool = torch.randn(8, d, 3).to(pool_dtype)
+    idx, has = torch.tensor([6, 0, 3, 7, 1]), torch.tensor([True, False, True, True, False])
+    cu = torch.arange(n + 1)  # one token per sequence
+    exports = torch.tensor([1, 3])
+    args = dict(state_indices=idx, has_initial_state=has, cu_seqlens=cu, export_token_ids=exports)
+    want_pool = pool.clone()
+    want, want_exported = conv_naive.causal_conv1d(
+        x, w, b, conv_state_pool=want_pool, out_splits=splits, **args
+    )
+    got_pool = pool.clone().to(DEV)
+    got, got_exported = causal_conv1d(
+        x.to(DEV), w.to(DEV), b.to(DEV), conv_state_pool=got_pool, out_splits=splits,
+        **{k: v.to(DEV) for k, v in args.items()},
+    )  # fmt: skip
+    for g_part, w_part in zip(got if splits else [got], want if splits else [want], strict=True):
+        assert g_part.is_contiguous()
+        tol = 1e-5 if pool_dtype == torch.float32 else 1e-2
+        torch.testing.assert_close(g_part.cpu(), w_part, rtol=tol, atol=tol)
+    assert torch.equal(got_pool.cpu(), want_pool)  # every slot: the decoded ones shifted, the rest untouched
+    assert torch.equal(got_exported.cpu(), want_exported)
+    assert torch.equal(got_pool[1, :, 2].cpu(), x[4].to(pool_dtype))  # a fresh sequence: [0, 0, x]
+    assert not got_pool[1, :, :2].any()
