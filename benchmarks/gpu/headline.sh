@@ -53,7 +53,8 @@ case "$mode" in
       "asc-only|--variant asc-only=flashstate --prefix-cache-eviction lru"
       "gds-aligned|--variant gds-aligned=flashstate --mamba-checkpoint-placement aligned"
       "asc-gds|--variant asc-gds=flashstate"
-      "asc-gds-host|--variant asc-gds-host=flashstate --host-cache memory --host-cache-bytes 64G"
+      # the host store is page-locked at start-up; 32G holds the agents' whole working set at this scale
+      "asc-gds-host|--variant asc-gds-host=flashstate --host-cache memory --host-cache-bytes 32G"
     )
     reference=asc-only
     if [ -n "${VARIANTS:-}" ]; then  # a subset, by name
