@@ -221,7 +221,7 @@ def plots(results: dict[str, dict[str, Any]], out_dir: Path) -> list[Path]:
     axes[0].set_ylim(0, 100)
     axes[1].bar(labels, unc, color="tab:orange")
     axes[1].set_ylabel("median uncached tokens / request")
-    for ax, values, fmt in ((axes[0], [100 * h for h in hit], "{:.1f}%"), (axes[1], unc, "{:,.4g}")):
+    for ax, values, fmt in ((axes[0], [100 * h for h in hit], "{:.1f}%"), (axes[1], unc, "{:,.0f}")):
         for i, v in enumerate(values):
             ax.annotate(fmt.format(v), (i, v), ha="center", va="bottom", fontsize=8)
     fig.tight_layout()
