@@ -13,8 +13,9 @@
 # bench-results/headline; when OUT is set, as on the device machine, the results are also packed into
 # $OUT/headline-<mode>.tgz, since only a few files come back from there), PRESET (default
 # qwen3-next-2b), WARMUP / DURATION / DRAIN (seconds per run, default 30 / 90 / 30), KV_BYTES (KV + state
-# budget, default 17G: about 70% of what the 48 agents hold at this scale, where the validated simulator
-# puts vllm at the reference's ~30% hit rate; every policy is near its ceiling from 24G on), GPUS (default
+# budget; defaults: 17G for qwen3-next-2b, 13G for nemotron-h-2b, where the simulator puts vllm near the
+# reference's ~30% hit rate, about 70% of what the 48 agents hold at this scale; none for kimi-linear-2b,
+# whose MLA caches per-head K/V: 48 agents do not fit one card), GPUS (default
 # 1: the runs one after another; N > 1 spreads them over GPUs 0..N-1, one server per GPU at a time, each
 # measured alone on its card, then merges the results), and any extra `bench compare` flags after the mode.
 set -euo pipefail
@@ -27,7 +28,16 @@ PRESET="${PRESET:-qwen3-next-2b}"
 WARMUP="${WARMUP:-30}"
 DURATION="${DURATION:-90}"
 DRAIN="${DRAIN:-30}"
-KV_BYTES="${KV_BYTES:-17G}"
+case "$PRESET" in  # where the simulator puts vllm near the reference's ~30% (BENCHMARKS.md)
+  qwen3-next-2b) default_kv=17G ;;
+  nemotron-h-2b) default_kv=13G ;;
+  *) default_kv="" ;;
+esac
+KV_BYTES="${KV_BYTES:-$default_kv}"
+if [ -z "$KV_BYTES" ]; then
+  echo "headline.sh: no default KV_BYTES for preset $PRESET (set KV_BYTES)" >&2
+  exit 2
+fi
 GPUS="${GPUS:-1}"
 PY="${PYTHON:-python3}"
 model="$("$PY" -c "from flashstate.models.presets import preset_dir; print(preset_dir('$PRESET'))")"
