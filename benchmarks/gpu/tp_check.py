@@ -12,6 +12,8 @@
    token) and decode of a batch of 16 (generated tokens after the first, per second, between the last
    first token and the last finish). --small: tiny preset, 512 tokens, batch 4.
    `--only exactness|throughput` runs one part (each fits the device's 10-minute command limit better).
+   `--ieee`: FLA's fp32 dots in IEEE precision instead of TF32, to tell a near tie flipped by TF32 rounding
+   from a sharding error.
 """
 
 from __future__ import annotations
@@ -171,7 +173,14 @@ def main() -> None:
     p.add_argument("--small", action="store_true", help="tiny sizes (CPU)")
     p.add_argument("--only", choices=("exactness", "throughput"), help="run one part (JSON per part)")
     p.add_argument("--presets", help="comma list for the exactness part (default: the three tiny + 2B)")
+    p.add_argument(
+        "--ieee",
+        action="store_true",
+        help="fp32 Triton dots in IEEE precision, not TF32 (TRITON_F32_DEFAULT=ieee; every rank inherits it)",
+    )
     args = p.parse_args()
+    if args.ieee:
+        os.environ["TRITON_F32_DEFAULT"] = "ieee"  # read when a kernel compiles: before the first one
     if args.device.startswith("cuda") and torch.cuda.device_count() < args.tp:
         sys.exit(f"tp_check: needs {args.tp} GPUs, {torch.cuda.device_count()} visible")
     presets = TINY if args.small else [*TINY, "qwen3-next-2b"]
@@ -184,6 +193,7 @@ def main() -> None:
         if args.device.startswith("cuda")
         else f"cpu ({os.cpu_count()} cores)",
         "tp": args.tp,
+        "ieee": args.ieee,
         "small": args.small,
     }
     if args.only != "throughput":
