@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from flashstate.cache.cost import PrefillCost
+from flashstate.cache.host.arena import HostArena
 from flashstate.cache.host.codec import object_size
 from flashstate.cache.host.layout import HostLayout, model_fingerprint
 from flashstate.cache.host.store import HostStore, MemoryStore, StoreUnavailableError
@@ -17,6 +18,7 @@ DEFAULT_HOST_CACHE_BYTES = 4 << 30
 CHUNK_TOKENS = 256  # rounded to whole KV blocks
 # The Mooncake master starts evicting at 90% of the pool; the tier keeps below that.
 MOONCAKE_FILL = 0.85
+STAGING_BYTES = 4 << 30  # restores in flight from a store with pageable reads; a larger one copies directly
 
 
 def chunk_tokens(block_size: int, target: int = CHUNK_TOKENS) -> int:
@@ -49,7 +51,9 @@ def build_host_tier(
         buffer = max(2 * largest, 16 << 20)
         store = MooncakeStore(config.mooncake_master, capacity, local_buffer_bytes=buffer, connect=False)
         usable = int(capacity * MOONCAKE_FILL)
-    tier = HostTier(store, transfer, layout, cost, capacity=usable, pin=cuda)
+    # Mooncake's reads are pageable bytes: on CUDA a restore's objects pass through page-locked staging.
+    staging = HostArena(min(capacity, STAGING_BYTES), pin=True) if cuda and kind == "mooncake" else None
+    tier = HostTier(store, transfer, layout, cost, capacity=usable, pin=cuda, staging=staging)
     if kind == "mooncake":
         try:
             store.connect()

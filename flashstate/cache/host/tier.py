@@ -11,7 +11,8 @@ background thread, restore on a GPU-cache miss, and running without the store wh
                                               (restore.py) the engine polls while it keeps stepping
     fetch(hit, first_chunk) → objects | None  reads and verifies the objects from chunk first_chunk on
                                               (a missing or corrupt one is a miss: the state leaves the
-                                              index)
+                                              index); with `staging` (a store whose reads are pageable
+                                              memory, on CUDA), copies them into page-locked staging
     load(hit, objects, blocks, slot, …)       host → device copies into blocks and a state slot (CUDA: on
                                               a side stream; returns the event after them)
 
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from flashstate.cache.cost import PrefillCost
+from flashstate.cache.host.arena import HostArena
 from flashstate.cache.host.codec import ObjectBuilder, object_size, verify, views
 from flashstate.cache.host.layout import HostLayout
 from flashstate.cache.host.restore import HostRestore
@@ -123,6 +125,7 @@ class HostTier:
         capacity: int | None = None,
         retry_seconds: float = 1.0,
         pin: bool = False,
+        staging: HostArena | None = None,
     ):
         if layout.chunk_tokens % transfer.block_size:
             raise ValueError("the host chunk must be a whole number of KV blocks")
@@ -136,6 +139,7 @@ class HostTier:
         self.available = True
         self.used = 0
         self._pin = pin
+        self._staging = staging
         self._states: dict[str, _State] = {}
         self._by_base: dict[bytes, list[_State]] = {}
         self._chunks: dict[str, _Chunk] = {}
@@ -351,8 +355,19 @@ class HostTier:
                 if key in verified:  # gone from the store now, not when the writer gets to it: a probe
                     self._remove_now(key)  # of a shared store must not find it in between
                 return None
-            objects.append(views(key, buffer, specs))
+            objects.append(views(key, self._stage(buffer), specs))
         return objects
+
+    def _stage(self, buffer: torch.Tensor) -> torch.Tensor:
+        """`buffer` in page-locked staging memory (fetch thread), when the tier has staging: a host → device
+        copy out of pageable memory would block the engine thread until the device has finished the work
+        queued before it. A full staging arena leaves the buffer where it is."""
+        if self._staging is None:
+            return buffer
+        staged = self._staging.allocate(buffer.numel())
+        if staged is None:
+            return buffer
+        return staged.copy_(buffer)
 
     def load(
         self,
@@ -492,3 +507,5 @@ class HostTier:
         self._queue.put(None)
         self._writer.join(timeout=10)
         self.store.close()
+        if self._staging is not None:
+            self._staging.close()

@@ -23,6 +23,9 @@ def make_caches(num_blocks: int = 64, num_slots: int = 8, seed: int = 0) -> Cach
     return CacheTensors(kv, states, pad_block=num_blocks - 1, pad_slot=num_slots - 1)
 
 
-def make_tier(store, caches: CacheTensors, capacity: int | None = None, retry: float = 0.1) -> HostTier:
+def make_tier(
+    store, caches: CacheTensors, capacity: int | None = None, retry: float = 0.1, staging=None
+) -> HostTier:
     layout = HostLayout(f"test-{uuid.uuid4().hex[:8]}", CHUNK)
-    return HostTier(store, StateTransfer(caches, BLOCK), layout, PrefillCost(1e-5, 1e-8), capacity, retry)
+    cost = PrefillCost(1e-5, 1e-8)
+    return HostTier(store, StateTransfer(caches, BLOCK), layout, cost, capacity, retry, staging=staging)

@@ -1,12 +1,14 @@
 """The host tier on both stores (the embedded one and a real mooncake_master): round trip, writing only
 what the store lacks, GDS eviction under capacity, dropped and corrupt objects as misses, outages."""
 
+import gc
 import random
 import time
 
 import pytest
 import torch
 
+from flashstate.cache.host.arena import HostArena
 from flashstate.cache.host.codec import encode
 from flashstate.cache.host.mooncake import MooncakeStore
 from flashstate.cache.host.store import MemoryStore, StoreUnavailableError
@@ -208,3 +210,30 @@ def test_kv_pieces_scatter_in_groups_of_one_copy_each(group_bytes):
     assert all(
         torch.equal(a, b[:16]) for a, b in zip(_kv_prefix(caches, _blocks(16, first=50), 16), kv, strict=True)
     )
+
+
+def test_fetched_objects_pass_through_staging_and_free_it_when_dropped(new_store):
+    caches = make_caches(seed=3)
+    staging = HostArena(1 << 20)
+    tier = make_tier(new_store(), caches, staging=staging)
+    tokens = _tokens(22, 4)
+    tier.write_back(tokens, 22, _blocks(22), slot=2)
+    tier.flush()
+    hit = tier.lookup(tokens + [1], limit=22)
+    objects = tier.fetch(hit)
+    assert staging.free_bytes < staging.nbytes  # the objects now live in staging memory
+    tier.load(hit, objects, _blocks(22, first=30), slot=6)
+    for a, b in zip(
+        _kv_prefix(caches, _blocks(22, first=30), 22), _kv_prefix(caches, _blocks(22), 22), strict=True
+    ):
+        assert torch.equal(a, b)
+    assert all(torch.equal(conv[6], conv[2]) and torch.equal(ssm[6], ssm[2]) for conv, ssm in caches.states)
+    del objects, a, b
+    gc.collect()
+    assert staging.free_bytes == staging.nbytes
+    tiny = make_tier(new_store(), caches, staging=HostArena(4096))  # too small: the store's own buffers
+    tiny.write_back(tokens, 22, _blocks(22), slot=2)
+    tiny.flush()
+    assert tiny.fetch(tiny.lookup(tokens + [1], limit=22)) is not None
+    tier.close()
+    tiny.close()
