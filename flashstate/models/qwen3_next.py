@@ -147,13 +147,15 @@ class Qwen3NextAttention(AttentionMixer):
         return self.o_proj(o.reshape(t, -1))
 
 
-class Qwen3NextGatedDeltaNet(LinearMixer):
+class Qwen3NextGatedDeltaNet(StackedLinears, LinearMixer):
     """Gated DeltaNet. The checkpoint's in_proj_qkvz emits, per key head group (one key head and the
     HV/Hk value heads it serves), [q (dk) | k (dk) | v (HV/Hk·dv) | z (HV/Hk·dv)], and in_proj_ba
     [b (HV/Hk) | a (HV/Hk)]; `checkpoint_rows_to_blocks` re-orders their rows at load into
     [q all heads | k | v | z] and [b all heads | a], so one GEMM's output splits into contiguous column
     blocks. q, k, v go through the short causal conv (channels [q all heads | k all heads | v all heads]),
-    which hands them back as three contiguous tensors."""
+    which hands them back as three contiguous tensors. Both projections run as one GEMM."""
+
+    stacked_names = ("in_proj_qkvz", "in_proj_ba")
 
     def __init__(self, hidden: int, spec: LinearSpec, eps: float, act: str):
         super().__init__()
@@ -184,8 +186,8 @@ class Qwen3NextGatedDeltaNet(LinearMixer):
     def forward(self, x: Tensor, meta: ForwardMetadata) -> Tensor:
         t = x.shape[0]
         key_dim, value_dim = self.nk * self.dk, self.nv * self.dv
-        mixed, z = self.in_proj_qkvz(x).split([2 * key_dim + value_dim, value_dim], dim=-1)  # views
-        b, a = self.in_proj_ba(x).split([self.nv, self.nv], dim=-1)
+        parts = [2 * key_dim + value_dim, value_dim, self.nv, self.nv]
+        mixed, z, b, a = F.linear(x, self.stacked_weight()).split(parts, dim=-1)  # views
         (q, k, v), conv_exported = causal_conv1d(
             mixed, self.conv1d.weight[:, 0], self.conv1d.bias, conv_state_pool=self.conv_state,
             state_indices=meta.state_slots, has_initial_state=meta.has_initial_state,

@@ -167,8 +167,8 @@ def test_exported_states_resume_like_full_forward(models):
 
 
 def test_projections_split_into_the_checkpoint_parts_bit_for_bit(models):
-    """The block layout of in_proj_qkvz / in_proj_ba (re-ordered at load) and the stacked gate|up GEMM
-    give exactly the values the checkpoint's per-group layout and separate GEMMs give."""
+    """The block layout of in_proj_qkvz / in_proj_ba (re-ordered at load) and the stacked GEMMs
+    (qkvz|ba, gate|up) give exactly the values the checkpoint's per-group layout and separate GEMMs give."""
     hf, ours = models
     x = torch.randn(23, COMMON["hidden_size"], generator=torch.Generator().manual_seed(9))
     nk, nv = COMMON["linear_num_key_heads"], COMMON["linear_num_value_heads"]
@@ -181,6 +181,9 @@ def test_projections_split_into_the_checkpoint_parts_bit_for_bit(models):
             assert torch.equal(want.reshape(23, -1), got)
         b, a = F.linear(x, theirs.in_proj_ba.weight).view(23, nk, 2 * r).split([r, r], dim=-1)
         assert torch.equal(torch.cat([b.reshape(23, -1), a.reshape(23, -1)], -1), mine.in_proj_ba(x))
+        assert mine.stacked_weight().data_ptr() == mine.in_proj_qkvz.weight.data_ptr()  # one GEMM, no copy
+        both = F.linear(x, mine.stacked_weight())
+        assert torch.equal(both, torch.cat([mine.in_proj_qkvz(x), mine.in_proj_ba(x)], -1))
         mlp = ours.model.layers[2].mlp
         assert mlp.stacked_weight().data_ptr() == mlp.gate_proj.weight.data_ptr()  # one GEMM, no copy
         assert torch.equal(mlp(x), mlp.down_proj(F.silu(mlp.gate_proj(x)) * mlp.up_proj(x)))
