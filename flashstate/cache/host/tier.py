@@ -16,12 +16,8 @@ background thread, restore on a GPU-cache miss, and running without the store wh
     load(hit, objects, blocks, slot, …)       host → device copies into blocks and a state slot (CUDA: on
                                               a side stream; returns the event after them)
 
-Index: a state at depth p references the chunk objects 1..floor(p / C) (shared between states, ref
-counted) and its own state object; `used` = bytes of every object indexed, ≤ capacity. A state is
-restorable once its own object and every chunk it references are written (`ready`).
-Eviction is Greedy-Dual-Size over whole states, as on the GPU: H = L + C(p) / bytes, bytes = the state
-object plus the chunks only it references; L rises to the H of each evicted state; a hit re-stamps; a
-new state that would have to evict states of higher H is not written.
+What the store holds, and which state goes first, is the index's (index.py: Greedy-Dual-Size over whole
+states, as on the GPU); the tier holds its lock around every index call.
 Faults: StoreUnavailableError from any store call (or from joining the store at start-up: build.py)
 marks the tier unavailable (logged once per outage, counted), empties the index (what the store held is
 unknown from then on) and makes every call a no-op (a fetch in flight is a miss); the writer thread pings
@@ -43,6 +39,7 @@ import torch
 from flashstate.cache.cost import PrefillCost
 from flashstate.cache.host.arena import HostArena
 from flashstate.cache.host.codec import ObjectBuilder, object_size, verify, views
+from flashstate.cache.host.index import HostIndex
 from flashstate.cache.host.layout import HostLayout
 from flashstate.cache.host.restore import HostRestore
 from flashstate.cache.host.store import HostStore, StoreUnavailableError
@@ -76,24 +73,6 @@ class HostTierStats:
     evictions: int = 0
     outages: int = 0
     reconnects: int = 0
-
-
-@dataclass(slots=True)
-class _Chunk:
-    nbytes: int
-    refs: int = 0
-    ready: bool = False
-
-
-@dataclass(slots=True)
-class _State:
-    key: str
-    depth: int
-    base: bytes  # chain hash of the last full chunk
-    chunks: list[str]
-    nbytes: int
-    priority: float = 0.0  # GDS L when stamped
-    ready: bool = False
 
 
 @dataclass(slots=True)
@@ -133,17 +112,16 @@ class HostTier:
         self.transfer = transfer
         self.layout = layout
         self.cost = cost
-        self.capacity = store.capacity if capacity is None else capacity
+        self.index = HostIndex(
+            store.capacity if capacity is None else capacity,
+            lambda depth: cost.saved(depth, 0),
+            lambda key: self._queue.put(_Remove(key)),
+        )
         self.retry_seconds = retry_seconds
         self.stats = HostTierStats()
         self.available = True
-        self.used = 0
         self._pin = pin
         self._staging = staging
-        self._states: dict[str, _State] = {}
-        self._by_base: dict[bytes, list[_State]] = {}
-        self._chunks: dict[str, _Chunk] = {}
-        self._clock = 0.0  # GDS L
         self._chunk_bytes = object_size(layout.chunk_key(layout.root), transfer.kv_specs(layout.chunk_tokens))
         self._lock = threading.RLock()
         self._queue: queue.Queue[_Write | _Remove | None] = queue.Queue()
@@ -154,7 +132,15 @@ class HostTier:
 
     @property
     def num_states(self) -> int:
-        return len(self._states)
+        return len(self.index)
+
+    @property
+    def capacity(self) -> int:
+        return self.index.capacity
+
+    @property
+    def used(self) -> int:
+        return self.index.used
 
     @property
     def block_size(self) -> int:
@@ -173,35 +159,26 @@ class HostTier:
         with self._lock:
             hashes = self.layout.chain(tokens, depth)
             key = self.layout.state_key(hashes[-1], tokens, depth)
-            if key in self._states:
-                self._states[key].priority = self._clock
+            if self.index.touch(key):
                 return
             chunk_keys = [self.layout.chunk_key(h) for h in hashes[1:]]
-            new = [i for i, k in enumerate(chunk_keys) if k not in self._chunks]
+            new = [i for i, k in enumerate(chunk_keys) if k not in self.index.chunks]
             base = (len(hashes) - 1) * c
-            specs = self.transfer.state_specs(depth - base)
-            state_bytes = object_size(key, specs)
-            need = state_bytes + len(new) * self._chunk_bytes
-            value = self.cost.saved(depth, 0) / need
-            if need > self.capacity or not self._make_room(need, self._clock + value):
-                self.stats.writes_skipped += 1
-                return
             try:
-                objects = [
-                    ObjectBuilder(chunk_keys[i], self.transfer.kv_specs(c), self._allocate) for i in new
-                ]
-                objects.append(ObjectBuilder(key, specs, self._allocate))
+                kv = self.transfer.kv_specs(c)
+                objects = [ObjectBuilder(chunk_keys[i], kv, self._allocate) for i in new]
+                objects.append(ObjectBuilder(key, self.transfer.state_specs(depth - base), self._allocate))
             except MemoryError:
                 self.stats.writes_skipped += 1
                 return
-            for i in new:
-                self._chunks[chunk_keys[i]] = _Chunk(self._chunk_bytes)
-            for k in chunk_keys:
-                self._chunks[k].refs += 1
-            state = _State(key, depth, hashes[-1], chunk_keys, state_bytes, self._clock)
-            self._states[key] = state
-            self._by_base.setdefault(state.base, []).append(state)
-            self.used += need
+            evicted = self.index.evictions
+            admitted = self.index.admit(
+                key, depth, hashes[-1], chunk_keys, objects[-1].nbytes, self._chunk_bytes
+            )
+            self.stats.evictions += self.index.evictions - evicted
+            if not admitted:
+                self.stats.writes_skipped += 1
+                return
         for i, obj in zip(new, objects, strict=False):
             self.transfer.gather_kv(blocks[i * c // b : (i + 1) * c // b], c, obj.tensors)
         obj = objects[-1]
@@ -221,43 +198,6 @@ class HostTier:
             raise MemoryError(f"the {self.store.name} store has no free range of {nbytes} bytes")
         return buffer
 
-    def _value(self, state: _State) -> float:
-        exclusive = sum(self._chunks[k].nbytes for k in state.chunks if self._chunks[k].refs == 1)
-        return self.cost.saved(state.depth, 0) / (state.nbytes + exclusive)
-
-    def _make_room(self, need: int, priority: float) -> bool:
-        """Evict states of lower priority than `priority` (the incoming state's H) until `need` bytes fit."""
-        while self.used + need > self.capacity:
-            best, best_h = None, None
-            for s in self._states.values():
-                if s.ready:
-                    h = s.priority + self._value(s)
-                    if best_h is None or h < best_h:
-                        best, best_h = s, h
-            if best is None or best_h > priority:
-                return False
-            self._clock = max(self._clock, best_h)
-            self._forget(best)
-            self.stats.evictions += 1
-        return True
-
-    def _forget(self, state: _State) -> None:
-        """Drop a state from the index and remove the objects no other state references."""
-        if self._states.pop(state.key, None) is None:
-            return
-        self._by_base[state.base].remove(state)
-        if not self._by_base[state.base]:
-            del self._by_base[state.base]
-        self.used -= state.nbytes
-        self._queue.put(_Remove(state.key))
-        for k in state.chunks:
-            chunk = self._chunks[k]
-            chunk.refs -= 1
-            if chunk.refs == 0:
-                del self._chunks[k]
-                self.used -= chunk.nbytes
-                self._queue.put(_Remove(k))
-
     # ---- restore (engine thread) --------------------------------------------------------------------
 
     def lookup(self, tokens: list[int], limit: int, floor: int = 0) -> HostHit | None:
@@ -267,7 +207,7 @@ class HostTier:
             return None
         self.stats.lookups += 1
         hashes = self.layout.chain(tokens, limit)
-        hit = self._lookup_index(tokens, limit, hashes) if self._states else None
+        hit = self._lookup_index(tokens, limit, hashes) if len(self.index) else None
         if self.store.shared:
             try:
                 remote = self._probe(tokens, limit, max(floor, hit.depth if hit else 0), hashes)
@@ -281,20 +221,8 @@ class HostTier:
 
     def _lookup_index(self, tokens: list[int], limit: int, hashes: list[bytes]) -> HostHit | None:
         with self._lock:
-            for j in range(len(hashes) - 1, -1, -1):
-                best = None
-                for s in self._by_base.get(hashes[j], ()):
-                    if (
-                        s.ready
-                        and s.depth <= limit
-                        and (best is None or s.depth > best.depth)
-                        and all(self._chunks[k].ready for k in s.chunks)
-                        and self.layout.state_key(hashes[j], tokens, s.depth) == s.key
-                    ):
-                        best = s
-                if best is not None:
-                    return HostHit(best.key, best.depth, list(best.chunks))
-        return None
+            state = self.index.find(tokens, limit, hashes, self.layout)
+            return None if state is None else HostHit(state.key, state.depth, list(state.chunks))
 
     def _probe(self, tokens: list[int], limit: int, floor: int, hashes: list[bytes]) -> HostHit | None:
         """The deepest state object in the store at a depth in (floor, limit], whoever wrote it: every
@@ -351,7 +279,7 @@ class HostTier:
                         self.stats.misses_corrupt += 1
                     else:
                         self.stats.misses_dropped += 1
-                    self._forget_object(key)
+                    self.index.forget_object(key)
                 if key in verified:  # gone from the store now, not when the writer gets to it: a probe
                     self._remove_now(key)  # of a shared store must not find it in between
                 return None
@@ -388,9 +316,7 @@ class HostTier:
             self.transfer.scatter_pieces(blocks[first_chunk * c // b :], [*objects[:-1], state[n:]])
             event = self.transfer.event()
         with self._lock:
-            s = self._states.get(hit.key)
-            if s is not None:
-                s.priority = self._clock
+            self.index.touch(hit.key)
         self.stats.restores += 1
         self.stats.restored_tokens += hit.depth
         self.stats.shared_tokens += first_chunk * c
@@ -401,13 +327,6 @@ class HostTier:
             self.store.remove(key)
         except StoreUnavailableError as e:
             self.mark_unavailable(e)
-
-    def _forget_object(self, key: str) -> None:
-        """A chunk or state object is gone or bad: every state that needs it leaves the index."""
-        if key in self._chunks:
-            self._chunks[key].ready = False
-        for s in [s for s in self._states.values() if s.key == key or key in s.chunks]:
-            self._forget(s)
 
     # ---- the writer thread --------------------------------------------------------------------------
 
@@ -448,19 +367,16 @@ class HostTier:
                 written.append(obj)
         finally:
             with self._lock:
-                state = self._states.get(job.state)
-                if len(written) == len(job.objects) and state is not None:
-                    for obj in written[:-1]:
-                        self._chunks[obj.key].ready = True
-                    state.ready = True
+                whole = len(written) == len(job.objects)
+                if whole and self.index.mark_written(job.state, [obj.key for obj in written[:-1]]):
                     self.stats.states_written += 1
                     self.stats.objects_written += len(written)
                     self.stats.bytes_written += sum(o.nbytes for o in written)
                 elif self.available:
                     self.stats.writes_skipped += 1
                     for obj in job.objects:  # a chunk another pending state shares is unusable too
-                        if obj.key in self._chunks or obj.key in self._states:
-                            self._forget_object(obj.key)
+                        if self.index.holds(obj.key):
+                            self.index.forget_object(obj.key)
                         else:
                             self._queue.put(_Remove(obj.key))
 
@@ -470,10 +386,7 @@ class HostTier:
                 return
             self.available = False
             self.stats.outages += 1
-            self._states.clear()
-            self._by_base.clear()
-            self._chunks.clear()
-            self.used = 0
+            self.index.clear()
         logger.warning(
             "host tier unavailable (%s): serving from the GPU cache alone; retrying every %.0f s",
             error,

@@ -1,0 +1,161 @@
+"""HostIndex: what the host store holds, hybrid states and the KV chunks they reference, with
+Greedy-Dual-Size eviction of whole states.
+
+A state at depth p references the chunk objects 1..floor(p / C) (shared between states, ref counted) and
+has its own state object; `used` = bytes of every object indexed, ≤ capacity after `make_room`. A state
+is restorable once its own object and every chunk it references are written (`ready`).
+Eviction: H = L + C(p) / bytes, bytes = the state object plus the chunks only it references; L rises to
+the H of each evicted state; a hit re-stamps; a new state that would have to evict states of higher H is
+not written. Every object that leaves the index goes to `on_remove` (the tier removes it from the store).
+Not locked: the tier holds its lock around every call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from flashstate.cache.host.layout import HostLayout
+
+
+@dataclass(slots=True)
+class Chunk:
+    nbytes: int
+    refs: int = 0
+    ready: bool = False
+
+
+@dataclass(slots=True)
+class IndexedState:
+    key: str
+    depth: int
+    base: bytes  # chain hash of the last full chunk
+    chunks: list[str]
+    nbytes: int
+    priority: float = 0.0  # GDS L when stamped
+    ready: bool = False
+
+
+class HostIndex:
+    def __init__(self, capacity: int, saved: Callable[[int], float], on_remove: Callable[[str], None]):
+        self.capacity = capacity
+        self.used = 0
+        self.clock = 0.0  # GDS L
+        self._saved = saved  # prefill seconds a state at this depth saves
+        self._on_remove = on_remove
+        self.evictions = 0
+        self.states: dict[str, IndexedState] = {}
+        self.chunks: dict[str, Chunk] = {}
+        self._by_base: dict[bytes, list[IndexedState]] = {}
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def holds(self, key: str) -> bool:
+        return key in self.states or key in self.chunks
+
+    def touch(self, key: str) -> bool:
+        """Re-stamp the state `key` (a hit, or a write-back of a state already held); False if absent."""
+        state = self.states.get(key)
+        if state is not None:
+            state.priority = self.clock
+        return state is not None
+
+    def admit(
+        self, key: str, depth: int, base: bytes, chunk_keys: list[str], state_bytes: int, chunk_bytes: int
+    ) -> bool:
+        """Make room for the state `key` and the chunks among `chunk_keys` not yet held, then index them
+        (not ready); False, with nothing indexed, when they cannot fit."""
+        new = [k for k in chunk_keys if k not in self.chunks]
+        need = state_bytes + len(new) * chunk_bytes
+        if need > self.capacity or not self.make_room(need, self.clock + self._saved(depth) / need):
+            return False
+        for k in new:
+            self.chunks[k] = Chunk(chunk_bytes)
+        for k in chunk_keys:
+            self.chunks[k].refs += 1
+        state = IndexedState(key, depth, base, chunk_keys, state_bytes, self.clock)
+        self.states[key] = state
+        self._by_base.setdefault(base, []).append(state)
+        self.used += need
+        return True
+
+    def value(self, state: IndexedState) -> float:
+        exclusive = sum(self.chunks[k].nbytes for k in state.chunks if self.chunks[k].refs == 1)
+        return self._saved(state.depth) / (state.nbytes + exclusive)
+
+    def make_room(self, need: int, priority: float) -> bool:
+        """Evict states of lower priority than `priority` (the incoming state's H) until `need` bytes fit."""
+        while self.used + need > self.capacity:
+            best, best_h = None, None
+            for s in self.states.values():
+                if s.ready:
+                    h = s.priority + self.value(s)
+                    if best_h is None or h < best_h:
+                        best, best_h = s, h
+            if best is None or best_h > priority:
+                return False
+            self.clock = max(self.clock, best_h)
+            self.forget(best)
+            self.evictions += 1
+        return True
+
+    def forget(self, state: IndexedState) -> None:
+        """Drop a state and the chunks no other state references."""
+        if self.states.pop(state.key, None) is None:
+            return
+        self._by_base[state.base].remove(state)
+        if not self._by_base[state.base]:
+            del self._by_base[state.base]
+        self.used -= state.nbytes
+        self._on_remove(state.key)
+        for k in state.chunks:
+            chunk = self.chunks[k]
+            chunk.refs -= 1
+            if chunk.refs == 0:
+                del self.chunks[k]
+                self.used -= chunk.nbytes
+                self._on_remove(k)
+
+    def forget_object(self, key: str) -> None:
+        """A chunk or state object is gone or bad: every state that needs it leaves the index."""
+        if key in self.chunks:
+            self.chunks[key].ready = False
+        for s in [s for s in self.states.values() if s.key == key or key in s.chunks]:
+            self.forget(s)
+
+    def mark_written(self, key: str, chunk_keys: list[str]) -> bool:
+        """The state `key` and the chunks it wrote are in the store: restorable. False if it has left."""
+        state = self.states.get(key)
+        if state is None:
+            return False
+        for k in chunk_keys:
+            self.chunks[k].ready = True
+        state.ready = True
+        return True
+
+    def find(
+        self, tokens: list[int], limit: int, hashes: list[bytes], layout: HostLayout
+    ) -> IndexedState | None:
+        """The deepest restorable state at a depth ≤ `limit` on the path of `tokens` (`hashes`: its chain)."""
+        for j in range(len(hashes) - 1, -1, -1):
+            best = None
+            for s in self._by_base.get(hashes[j], ()):
+                if (
+                    s.ready
+                    and s.depth <= limit
+                    and (best is None or s.depth > best.depth)
+                    and all(self.chunks[k].ready for k in s.chunks)
+                    and layout.state_key(hashes[j], tokens, s.depth) == s.key
+                ):
+                    best = s
+            if best is not None:
+                return best
+        return None
+
+    def clear(self) -> None:
+        """Forget everything without removing anything (the store's contents are unknown)."""
+        self.states.clear()
+        self.chunks.clear()
+        self._by_base.clear()
+        self.used = 0
