@@ -111,23 +111,28 @@ def main() -> None:
         tile_seq="*i32",
         tile_tok="*i32",
     )
-    for decode, split, d, bd, bm, bn, warps, stages in [
-        (True, True, 128, 128, 16, 64, 4, 3),
-        (False, False, 128, 128, 128, 128, 8, 3),
-        (False, False, 192, 256, 128, 64, 8, 2),  # MLA: qk 192, v 128
-        (True, True, 192, 256, 16, 64, 4, 2),
+    # the launcher's tiles for: GQA 128 (decode, prefill), per-head 192/128, MLA's latent 576/512 (one
+    # shared KV head, 32 query heads: decode and prefill as the 2B Kimi preset gets them in bf16)
+    for decode, split, g, d, dv, bd, bd2, bm, bn, warps, stages in [
+        (True, True, 4, 128, 128, 128, 0, 16, 64, 4, 3),
+        (False, False, 4, 128, 128, 128, 0, 128, 128, 8, 3),
+        (False, False, 1, 192, 128, 256, 0, 128, 64, 8, 2),
+        (True, True, 1, 192, 128, 256, 0, 16, 64, 4, 2),
+        (True, True, 32, 576, 512, 512, 64, 32, 32, 8, 2),
+        (False, False, 32, 576, 512, 512, 64, 64, 16, 8, 2),
     ]:
         ok.append(
             build(
                 _paged_attention_kernel,
                 attn,
                 dict(
-                    G=4 if d == 128 else 1,
+                    G=g,
                     PAGE=16,
                     D=d,
-                    DV=128,
+                    DV=dv,
                     BD=bd,
-                    BDV=128,
+                    BD2=bd2,
+                    BDV=dv,
                     BM=bm,
                     BN=bn,
                     SPLIT=split,

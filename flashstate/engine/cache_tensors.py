@@ -2,6 +2,8 @@
 
     KV, per attention layer:  k [num_blocks, block_size, kv_heads, head_dim]
                               v [num_blocks, block_size, kv_heads, v_head_dim]     (model dtype)
+                              MLA: k [.., 1, kv_lora_rank + rope] (the latent), v a view of its first
+                              kv_lora_rank values (AttentionSpec.cache_*)
     state, per linear layer:  conv [num_slots, conv_channels, conv_kernel - 1]      (model dtype)
                               ssm  [num_slots, *LinearSpec.state_shape]             (fp32)
 A block id or slot id indexes the same row in every layer's tensor. One row past the pools' blocks and
@@ -25,7 +27,8 @@ def kv_bytes_per_block(spec: ModelSpec, block_size: int, dtype: torch.dtype) -> 
     a = spec.attention
     if a is None or not spec.attention_layer_ids:
         return 0
-    per_token = a.num_kv_heads * (a.head_dim + a.v_head_dim) * dtype.itemsize
+    values = a.cache_k_dim if a.latent_cache else a.cache_k_dim + a.cache_v_dim
+    per_token = a.cache_kv_heads * values * dtype.itemsize
     return per_token * block_size * len(spec.attention_layer_ids)
 
 
@@ -62,16 +65,13 @@ class CacheTensors:
         pad_block, pad_slot = num_blocks, num_slots
         num_blocks, num_slots = num_blocks + 1, num_slots + 1
         for _ in spec.attention_layer_ids:
-            kv.append(
-                (
-                    torch.zeros(
-                        num_blocks, block_size, a.num_kv_heads, a.head_dim, dtype=dtype, device=device
-                    ),
-                    torch.zeros(
-                        num_blocks, block_size, a.num_kv_heads, a.v_head_dim, dtype=dtype, device=device
-                    ),
-                )
-            )
+            shape = (num_blocks, block_size, a.cache_kv_heads)
+            k = torch.zeros(*shape, a.cache_k_dim, dtype=dtype, device=device)
+            if a.latent_cache:
+                v = k[..., : a.cache_v_dim]
+            else:
+                v = torch.zeros(*shape, a.cache_v_dim, dtype=dtype, device=device)
+            kv.append((k, v))
         for _ in spec.linear_layer_ids:
             states.append(
                 (

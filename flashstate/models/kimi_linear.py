@@ -148,17 +148,31 @@ class KimiDeltaAttention(LinearMixer):
         mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)  # [T, 3·H·D]
         weight = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight])[:, 0]
         mixed, conv_exported = causal_conv1d(
-            mixed, weight, None, conv_state_pool=self.conv_state, state_indices=meta.state_slots,
-            has_initial_state=meta.has_initial_state, cu_seqlens=meta.cu_seqlens,
-            export_token_ids=meta.export_token_ids, activation="silu",
+            mixed,
+            weight,
+            None,
+            conv_state_pool=self.conv_state,
+            state_indices=meta.state_slots,
+            has_initial_state=meta.has_initial_state,
+            cu_seqlens=meta.cu_seqlens,
+            export_token_ids=meta.export_token_ids,
+            activation="silu",
         )
         q, k, v = (y.reshape(1, t, h, d) for y in mixed.split(h * d, dim=-1))
         beta = torch.sigmoid(self.b_proj(x)).unsqueeze(0)
         kda = fused_recurrent_kda if meta.is_decode else chunk_kda
         o, ssm_exported = kda(
-            q, k, v, self.decay(x).unsqueeze(0), beta, state_pool=self.ssm_state,
-            state_indices=meta.state_slots, has_initial_state=meta.has_initial_state,
-            cu_seqlens=meta.cu_seqlens, export_token_ids=meta.export_token_ids, use_qk_l2norm_in_kernel=True,
+            q,
+            k,
+            v,
+            self.decay(x).unsqueeze(0),
+            beta,
+            state_pool=self.ssm_state,
+            state_indices=meta.state_slots,
+            has_initial_state=meta.has_initial_state,
+            cu_seqlens=meta.cu_seqlens,
+            export_token_ids=meta.export_token_ids,
+            use_qk_l2norm_in_kernel=True,
         )
         self.write_exports(meta, conv_exported, ssm_exported)
         gate = self.g_b_proj(self.g_a_proj(x)).view(t, h, d)
@@ -167,7 +181,12 @@ class KimiDeltaAttention(LinearMixer):
 
 class MultiLatentAttention(AttentionMixer):
     """MLA without rotary: q = q_proj(x) (or the q_a → norm → q_b low-rank path); the latent
-    kv_a_proj_with_mqa(x) = [c_kv ‖ k_rope], kv_b_proj(norm(c_kv)) = per head [k_nope ‖ v]."""
+    kv_a_proj_with_mqa(x) = [c_kv ‖ k_rope], kv_b_proj(norm(c_kv)) = per head [k_nope ‖ v].
+
+    The cache holds the latent [norm(c_kv) ‖ k_rope] once per token for all heads (AttentionSpec.
+    cache_*), and attention runs in latent space with kv_b_proj absorbed: per head, q_nope · k_nope =
+    (W_UK^T q_nope) · c_kv, and Σ p · v = W_UV (Σ p · c_kv). One shared KV "head" of rank + rope values,
+    the value being its first rank values."""
 
     def __init__(self, hidden: int, a: AttentionSpec):
         super().__init__()
@@ -192,13 +211,25 @@ class MultiLatentAttention(AttentionMixer):
         else:
             q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
         latent, k_rope = self.kv_a_proj_with_mqa(x).split([a.kv_lora_rank, a.qk_rope_head_dim], dim=-1)
-        k_nope, v = self.kv_b_proj(self.kv_a_layernorm(latent)).view(t, h, -1).split([nope, a.v_head_dim], -1)
-        k = torch.cat([k_nope, k_rope[:, None, :].expand(t, h, a.qk_rope_head_dim)], dim=-1)
-        store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
-        o = paged_attention(
-            q.view(t, h, a.head_dim), self.k_cache, self.v_cache, cu_seqlens=meta.cu_seqlens,
-            context_lens=meta.context_lens, block_tables=meta.block_tables, scale=a.head_dim**-0.5,
+        c = self.kv_a_layernorm(latent)
+        store_kv(
+            torch.cat([c, k_rope], -1)[:, None], c[:, None], self.k_cache, self.v_cache, meta.slot_mapping
         )
+        w_uk, w_uv = self.kv_b_proj.weight.view(h, nope + a.v_head_dim, a.kv_lora_rank).split(
+            [nope, a.v_head_dim], dim=1
+        )
+        q_nope, q_rope = q.view(t, h, a.head_dim).split([nope, a.qk_rope_head_dim], dim=-1)
+        q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [t, h, rank]
+        o = paged_attention(
+            torch.cat([q_latent, q_rope], -1),
+            self.k_cache,
+            self.v_cache,
+            cu_seqlens=meta.cu_seqlens,
+            context_lens=meta.context_lens,
+            block_tables=meta.block_tables,
+            scale=a.head_dim**-0.5,
+        )  # [t, h, rank]
+        o = torch.bmm(o.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)  # [t, h, v_head_dim]
         return self.o_proj(o.reshape(t, h * a.v_head_dim))
 
 

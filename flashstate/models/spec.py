@@ -51,6 +51,26 @@ class AttentionSpec:
     qk_nope_head_dim: int | None = None
     qk_rope_head_dim: int | None = None
 
+    # What the KV cache holds per token and layer. MLA caches the latent, shared by every head: one
+    # "head" of [c_kv ‖ k_rope] as the key, whose first kv_lora_rank values are the value (a view).
+    @property
+    def latent_cache(self) -> bool:
+        return self.kv_lora_rank is not None
+
+    @property
+    def cache_kv_heads(self) -> int:
+        return 1 if self.latent_cache else self.num_kv_heads
+
+    @property
+    def cache_k_dim(self) -> int:
+        if self.latent_cache:
+            return self.kv_lora_rank + (self.qk_rope_head_dim or 0)
+        return self.head_dim
+
+    @property
+    def cache_v_dim(self) -> int:
+        return self.kv_lora_rank if self.latent_cache else self.v_head_dim
+
 
 @dataclass(frozen=True, slots=True)
 class LinearSpec:

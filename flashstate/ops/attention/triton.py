@@ -36,6 +36,7 @@ def _tile_step(
     m_i,
     l_i,
     q,
+    q2,
     k_cache,
     v_cache,
     table_row,
@@ -54,6 +55,7 @@ def _tile_step(
     D: tl.constexpr,
     DV: tl.constexpr,
     BD: tl.constexpr,
+    BD2: tl.constexpr,
     BDV: tl.constexpr,
     BN: tl.constexpr,
     MASKED: tl.constexpr,
@@ -63,9 +65,14 @@ def _tile_step(
     page = tl.load(table_row + keys // PAGE, mask=key_ok, other=0).to(tl.int64)
     off = (keys % PAGE).to(tl.int64)
     dk = tl.arange(0, BD)
-    k_ptrs = k_cache + page[None, :] * stride_kb + off[None, :] * stride_ko + kvh * stride_kh + dk[:, None]
-    k = tl.load(k_ptrs, mask=key_ok[None, :] & (dk[:, None] < D), other=0.0)
-    s = tl.dot(q, k) * qk_scale
+    k_row = k_cache + page[None, :] * stride_kb + off[None, :] * stride_ko + kvh * stride_kh
+    k = tl.load(k_row + dk[:, None], mask=key_ok[None, :] & (dk[:, None] < D), other=0.0)
+    s = tl.dot(q, k)
+    if BD2 > 0:  # a head dim past the largest power of two in it (MLA's latent + rope): its remainder
+        dk2 = BD + tl.arange(0, BD2)
+        k2 = tl.load(k_row + dk2[:, None], mask=key_ok[None, :] & (dk2[:, None] < D), other=0.0)
+        s += tl.dot(q2, k2)
+    s = s * qk_scale
     if MASKED:
         s = tl.where((keys[None, :] <= qpos[:, None]) & key_ok[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -114,6 +121,7 @@ def _paged_attention_kernel(
     D: tl.constexpr,
     DV: tl.constexpr,
     BD: tl.constexpr,
+    BD2: tl.constexpr,
     BDV: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
@@ -141,8 +149,12 @@ def _paged_attention_kernel(
     row_ok = (tok < span) & (rows // G < BM // G)
     qpos = ctx - span + tok
     dq = tl.arange(0, BD)
-    q_ptrs = q + (bos + tok).to(tl.int64)[:, None] * stride_qt + head[:, None] * stride_qh + dq[None, :]
-    qt = tl.load(q_ptrs, mask=row_ok[:, None] & (dq[None, :] < D), other=0.0)
+    q_row = q + (bos + tok).to(tl.int64)[:, None] * stride_qt + head[:, None] * stride_qh
+    qt = tl.load(q_row + dq[None, :], mask=row_ok[:, None] & (dq[None, :] < D), other=0.0)
+    qt2 = qt
+    if BD2 > 0:
+        dq2 = BD + tl.arange(0, BD2)
+        qt2 = tl.load(q_row + dq2[None, :], mask=row_ok[:, None] & (dq2[None, :] < D), other=0.0)
 
     first_pos = ctx - span + tok0
     last_pos = ctx - span + tl.minimum(tok0 + BM // G, span) - 1
@@ -162,6 +174,7 @@ def _paged_attention_kernel(
             m_i,
             l_i,
             qt,
+            qt2,
             k_cache,
             v_cache,
             table_row,
@@ -180,6 +193,7 @@ def _paged_attention_kernel(
             D,
             DV,
             BD,
+            BD2,
             BDV,
             BN,
             False,
@@ -190,6 +204,7 @@ def _paged_attention_kernel(
             m_i,
             l_i,
             qt,
+            qt2,
             k_cache,
             v_cache,
             table_row,
@@ -208,6 +223,7 @@ def _paged_attention_kernel(
             D,
             DV,
             BD,
+            BD2,
             BDV,
             BN,
             True,
@@ -289,16 +305,18 @@ def paged_attention(
     if t_total == 0:
         return out
     decode = n == t_total  # spans are never empty, so this is one token per sequence
-    bd, bdv = triton.next_power_of_2(d), triton.next_power_of_2(dv)
+    bd, bd2, bdv = _head_tiles(d), 0, triton.next_power_of_2(dv)
+    if bd < d:
+        bd2 = triton.next_power_of_2(d - bd)
     bm = block_m or (max(16, triton.next_power_of_2(g)) if decode else 128)
     bn = block_n or (64 if decode or bd > 128 else 128)
-    warps = num_warps or (4 if decode else 8)
+    warps = num_warps or (8 if bdv >= 512 else 4 if decode else 8)
     stages = num_stages or (2 if bd > 128 else 3)
-    if q.element_size() > 2:
-        # The tiles above are tuned for 16-bit inputs; fp32 ones (the exactness checks) take twice the
-        # shared memory: shrink until the q tile plus `stages` K/V tiles fit (measured: fp32, d 256,
-        # 128×64 tiles asked for 384 KiB).
-        smem = lambda m, nk: (m * bd + stages * nk * (bd + bdv)) * q.element_size()  # noqa: E731
+    if q.element_size() > 2 or bd2:
+        # The tiles above are tuned for 16-bit inputs up to head dim 256; fp32 ones (the exactness checks)
+        # and MLA's latent heads (576 / 512) take more shared memory: shrink until the q tile plus
+        # `stages` K/V tiles fit (measured: fp32, d 256, 128×64 tiles asked for 384 KiB).
+        smem = lambda m, nk: (m * (bd + bd2) + stages * nk * (bd + bd2 + bdv)) * q.element_size()  # noqa: E731
         while block_n is None and bn > 16 and smem(bm, bn) > SMEM_BUDGET:
             bn //= 2
         while block_m is None and not decode and bm > max(16, g) and smem(bm, bn) > SMEM_BUDGET:
@@ -356,6 +374,7 @@ def paged_attention(
         D=d,
         DV=dv,
         BD=bd,
+        BD2=bd2,
         BDV=bdv,
         BM=bm,
         BN=bn,
@@ -370,6 +389,14 @@ def paged_attention(
             part_acc, part_ml, out, splits, rows, hq, out.stride(0), out.stride(1), DV=dv, BDV=bdv
         )
     return out
+
+
+def _head_tiles(d: int) -> int:
+    """The q·k head dim's first tile: the next power of two up to 256; past 256 (MLA's 512 + 64), the
+    largest power of two in it, the kernel taking the remainder as a second tile."""
+    if d <= 256:
+        return triton.next_power_of_2(d)
+    return 1 << (d.bit_length() - 1)
 
 
 def attention_flops(q_lens: list[int], context_lens: list[int], heads: int, d: int, dv: int) -> float:

@@ -172,3 +172,25 @@ def test_fused_export_matches_the_torch_form(per_channel, v_first):
         v_first=v_first,
     )
     assert rel(got, ref) < 1e-5
+
+
+@pytest.mark.parametrize(
+    "q_lens, ctx, d, dv, kw",
+    [
+        ([1, 1], [37, 9], 576, 512, {}),  # decode with MLA's latent heads: 512 + 64 for q·k, 512 for values
+        ([4, 1], [20, 33], 288, 256, {}),  # a chunk over a prefix and a decode, a 256 + 32 split
+        ([1, 1, 1], [50, 5, 18], 288, 256, {"kv_splits": 2}),
+    ],
+)
+def test_paged_attention_over_a_latent_cache_matches_oracle(q_lens, ctx, d, dv, kw):
+    # One shared KV head whose first dv values are the value (a view into the key cache), as MLA caches.
+    torch.manual_seed(2)
+    q, kc, _, cu, cl, bt = _paged(q_lens, ctx, 4, 1, d, dv, 4)
+    vc = kc[..., :dv]
+    ref = attn_naive.paged_attention(q, kc, vc, cu_seqlens=cu, context_lens=cl, block_tables=bt, scale=0.05)
+    kc_dev = kc.to(DEV)
+    out = paged_attention(
+        q.to(DEV), kc_dev, kc_dev[..., :dv], cu_seqlens=cu.to(DEV), context_lens=cl.to(DEV),
+        block_tables=bt.to(DEV), scale=0.05, block_m=16, block_n=16, **kw,
+    )  # fmt: skip
+    assert rel(out, ref) < 1e-3
