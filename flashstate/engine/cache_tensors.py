@@ -43,6 +43,16 @@ def state_bytes_per_slot(spec: ModelSpec, dtype: torch.dtype) -> int:
     return (conv + ssm) * len(spec.linear_layer_ids)
 
 
+def kv_tensors(kv: list[tuple[Tensor, Tensor]]) -> list[Tensor]:
+    """Every attention layer's K and V tensors, each memory once: MLA's V is a view into its K."""
+    out = []
+    for k, v in kv:
+        out.append(k)
+        if v.untyped_storage().data_ptr() != k.untyped_storage().data_ptr():
+            out.append(v)
+    return out
+
+
 @dataclass(slots=True)
 class CacheTensors:
     kv: list[tuple[Tensor, Tensor]]
@@ -92,6 +102,5 @@ class CacheTensors:
 
     def copy_block(self, src: int, dst: int) -> None:
         """Copy one KV block in every attention layer (copy-on-write of a partially filled block)."""
-        for k, v in self.kv:
-            k[dst].copy_(k[src])
-            v[dst].copy_(v[src])
+        for t in kv_tensors(self.kv):
+            t[dst].copy_(t[src])

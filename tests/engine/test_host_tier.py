@@ -11,6 +11,7 @@ import torch
 
 from flashstate import LLM, SamplingParams
 from flashstate.cache.host.mooncake import start_master
+from flashstate.models.presets import preset_dir
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
 ENGINE = dict(block_size=4, max_num_batched_tokens=256, prefill_cost_coefficients=(1e-5, 1e-8))
@@ -84,6 +85,28 @@ def test_host_restores_equal_full_recompute(tiny_model_dir, plain, backend, requ
     assert host.stats.restores == 9 and host.stats.misses_corrupt == host.stats.misses_dropped == 0
     assert cached.engine.cache.stats.host_hits == 9
     cached.engine.close()
+
+
+def test_mla_latent_cache_restores_from_the_host_equal_full_recompute():
+    # Kimi-Linear's MLA caches one latent per token, its value a view into its key: the host objects
+    # carry that memory once, and a restore rebuilds both.
+    model = str(preset_dir("tiny-kimi-linear"))
+    ref = LLM(model, enable_prefix_caching=False, block_size=4, max_num_batched_tokens=4096)
+    plain_kimi = (ref, _capture(ref))
+    cached = LLM(model, **ENGINE, host_cache_bytes=64 << 20)
+    k, v = cached.engine.runner.caches.kv[0]
+    assert v.untyped_storage().data_ptr() == k.untyped_storage().data_ptr()
+    got = _capture(cached)
+    agents = Agents(cached.engine.spec.vocab_size, seed=1)
+    for turn in range(3):
+        outs = _check_round(cached, got, plain_kimi, agents.contexts)
+        if turn:
+            assert all(o.num_cached_tokens >= len(c) - 80 for o, c in zip(outs, agents.contexts, strict=True))
+        _drop_gpu_cache(cached)
+        agents.advance([o.token_ids for o in outs])
+    assert cached.engine.host.stats.restores == 6
+    cached.engine.close()
+    ref.engine.close()
 
 
 def test_master_killed_mid_replay_then_restarted(tiny_model_dir, plain, tmp_path):

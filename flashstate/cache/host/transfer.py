@@ -1,6 +1,7 @@
 """Copies between the device cache tensors (engine/cache_tensors.py) and host-tier object tensors.
 
-    chunk object:  per attention layer  k [C, kv_heads, head_dim], v [C, kv_heads, v_head_dim]
+    chunk object:  per attention layer  k [C, kv_heads, head_dim], v [C, kv_heads, v_head_dim] (no v
+                                        when it is a view into k: MLA's latent)
     state object:  per linear layer     conv [*conv_state_shape], ssm [*state_shape]
                    per attention layer  k [t, kv_heads, head_dim], v [t, kv_heads, v_head_dim]  (the tail)
 Device → host copies are enqueued on the current stream (ordered before any later write into the same
@@ -17,7 +18,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from flashstate.engine.cache_tensors import CacheTensors
+from flashstate.engine.cache_tensors import CacheTensors, kv_tensors
 
 Spec = tuple[torch.dtype, tuple[int, ...]]
 
@@ -31,7 +32,7 @@ class StateTransfer:
         self._stream: torch.cuda.Stream | None = None
 
     def kv_specs(self, num_tokens: int) -> list[Spec]:
-        return [(t.dtype, (num_tokens, *t.shape[2:])) for pair in self.caches.kv for t in pair]
+        return [(t.dtype, (num_tokens, *t.shape[2:])) for t in kv_tensors(self.caches.kv)]
 
     def state_specs(self, tail: int) -> list[Spec]:
         return [(t.dtype, tuple(t.shape[1:])) for pair in self.caches.states for t in pair] + self.kv_specs(
@@ -48,7 +49,7 @@ class StateTransfer:
         if num_tokens == 0:
             return
         idx = torch.tensor(blocks, device=self.device)
-        caches = [t for pair in self.caches.kv for t in pair]
+        caches = kv_tensors(self.caches.kv)
         for cache, dst in zip(caches, out, strict=True):
             dst.copy_(cache.index_select(0, idx).flatten(0, 1)[:num_tokens], non_blocking=True)
 
@@ -79,7 +80,7 @@ class StateTransfer:
 
     def scatter_kv(self, blocks: list[int], src: list[Tensor]) -> None:
         """`src` (kv_specs order, n tokens each) into the first n positions of `blocks`."""
-        caches = [t for pair in self.caches.kv for t in pair]
+        caches = kv_tensors(self.caches.kv)
         b = self.block_size
         for cache, s in zip(caches, src, strict=True):
             n = s.shape[0]
