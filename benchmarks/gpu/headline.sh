@@ -13,9 +13,9 @@
 # bench-results/headline; when OUT is set, as on the device machine, the results are also packed into
 # $OUT/headline-<mode>.tgz, since only a few files come back from there), PRESET (default
 # qwen3-next-2b), WARMUP / DURATION / DRAIN (seconds per run, default 30 / 90 / 30), KV_BYTES (KV + state
-# budget; defaults: 17G for qwen3-next-2b, 13G for nemotron-h-2b, where the simulator puts vllm near the
-# reference's ~30% hit rate, about 70% of what the 48 agents hold at this scale; none for kimi-linear-2b,
-# whose MLA caches per-head K/V: 48 agents do not fit one card), GPUS (default
+# budget; defaults: 17G for qwen3-next-2b, 13G for nemotron-h-2b, 11G for kimi-linear-2b, where the
+# simulator puts vllm near the reference's ~30% hit rate, about 70% of what the 48 agents hold at this
+# scale), GPUS (default
 # 1: the runs one after another; N > 1 spreads them over GPUs 0..N-1, one server per GPU at a time, each
 # measured alone on its card, then merges the results), and any extra `bench compare` flags after the mode.
 set -euo pipefail
@@ -31,6 +31,7 @@ DRAIN="${DRAIN:-30}"
 case "$PRESET" in  # where the simulator puts vllm near the reference's ~30% (BENCHMARKS.md)
   qwen3-next-2b) default_kv=17G ;;
   nemotron-h-2b) default_kv=13G ;;
+  kimi-linear-2b) default_kv=11G ;;
   *) default_kv="" ;;
 esac
 KV_BYTES="${KV_BYTES:-$default_kv}"
