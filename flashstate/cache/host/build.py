@@ -34,8 +34,9 @@ def build_host_tier(
     spec = model.spec
     dtype = next(model.parameters()).dtype
     chunk = chunk_tokens(config.block_size)
-    layout = HostLayout(model_fingerprint(model, spec, dtype, config.block_size, chunk), chunk)
     transfer = StateTransfer(caches, config.block_size)
+    shapes = [str(s) for s in transfer.state_specs(1)]
+    layout = HostLayout(model_fingerprint(model, spec, dtype, config.block_size, chunk, shapes), chunk)
     capacity = config.host_cache_bytes or DEFAULT_HOST_CACHE_BYTES
     cuda = transfer.device.type == "cuda"
     store: HostStore

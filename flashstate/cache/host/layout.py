@@ -47,10 +47,18 @@ def weights_fingerprint(model: torch.nn.Module, sample: int = 4096) -> str:
 
 
 def model_fingerprint(
-    model: torch.nn.Module, spec: ModelSpec, dtype: torch.dtype, block_size: int, chunk_tokens: int
+    model: torch.nn.Module,
+    spec: ModelSpec,
+    dtype: torch.dtype,
+    block_size: int,
+    chunk_tokens: int,
+    cache_shapes: list | None = None,
 ) -> str:
-    """Weights, layer layout, dtype, block and chunk size: a state never restores into another model."""
-    layout = layout_fingerprint(spec, dtype, block_size=block_size, chunk_tokens=chunk_tokens)
+    """Weights, layer layout, dtype, block and chunk size, and the cache tensors' shapes per token (e.g. MLA's
+    latent): a state never restores into another model or another cache layout."""
+    layout = layout_fingerprint(
+        spec, dtype, block_size=block_size, chunk_tokens=chunk_tokens, cache_shapes=cache_shapes or []
+    )
     return f"{layout}-{weights_fingerprint(model)}"
 
 
