@@ -30,7 +30,7 @@ from flashstate.layers.metadata import ForwardMetadata
 from flashstate.layers.router import GroupedTopkRouter
 from flashstate.models.base import AttentionMixer, HybridForCausalLM, LinearMixer
 from flashstate.models.spec import AttentionSpec, LinearSpec, ModelSpec, MoeSpec
-from flashstate.ops.attention import paged_attention, store_kv
+from flashstate.ops.attention import causal_attention, fresh_prefill, paged_attention, store_kv
 from flashstate.ops.kda import chunk_kda, fused_recurrent_kda
 from flashstate.ops.short_conv import causal_conv1d
 
@@ -184,9 +184,11 @@ class MultiLatentAttention(AttentionMixer):
     kv_a_proj_with_mqa(x) = [c_kv ‖ k_rope], kv_b_proj(norm(c_kv)) = per head [k_nope ‖ v].
 
     The cache holds the latent [norm(c_kv) ‖ k_rope] once per token for all heads (AttentionSpec.
-    cache_*), and attention runs in latent space with kv_b_proj absorbed: per head, q_nope · k_nope =
-    (W_UK^T q_nope) · c_kv, and Σ p · v = W_UV (Σ p · c_kv). One shared KV "head" of rank + rope values,
-    the value being its first rank values."""
+    cache_*). Attention over the cache runs in latent space with kv_b_proj absorbed: per head,
+    q_nope · k_nope = (W_UK^T q_nope) · c_kv, and Σ p · v = W_UV (Σ p · c_kv); one shared KV "head" of
+    rank + rope values, the value being its first rank values. A batch of fresh prompts (no cached
+    prefix, CUDA) expands its own K and V per head instead and goes through fused SDPA, which is faster
+    there; both compute the same function."""
 
     def __init__(self, hidden: int, a: AttentionSpec):
         super().__init__()
@@ -205,7 +207,7 @@ class MultiLatentAttention(AttentionMixer):
 
     def forward(self, x: Tensor, meta: ForwardMetadata) -> Tensor:
         a, t = self.a, x.shape[0]
-        h, nope = a.num_heads, a.qk_nope_head_dim
+        h = a.num_heads
         if a.q_lora_rank is None:
             q = self.q_proj(x)
         else:
@@ -215,11 +217,21 @@ class MultiLatentAttention(AttentionMixer):
         store_kv(
             torch.cat([c, k_rope], -1)[:, None], c[:, None], self.k_cache, self.v_cache, meta.slot_mapping
         )
-        w_uk, w_uv = self.kv_b_proj.weight.view(h, nope + a.v_head_dim, a.kv_lora_rank).split(
-            [nope, a.v_head_dim], dim=1
+        q = q.view(t, h, a.head_dim)
+        if fresh_prefill(q, meta.cu_seqlens, meta.context_lens):
+            o = self.attend_expanded(q, c, k_rope, meta)
+        else:
+            o = self.attend_latent(q, meta)
+        return self.o_proj(o.reshape(t, h * a.v_head_dim))
+
+    def attend_latent(self, q: Tensor, meta: ForwardMetadata) -> Tensor:
+        """q [T, H, nope + rope] over the cached latents, kv_b_proj absorbed → [T, H, v_head_dim]."""
+        a, h = self.a, self.a.num_heads
+        w_uk, w_uv = self.kv_b_proj.weight.view(h, -1, a.kv_lora_rank).split(
+            [a.qk_nope_head_dim, a.v_head_dim], 1
         )
-        q_nope, q_rope = q.view(t, h, a.head_dim).split([nope, a.qk_rope_head_dim], dim=-1)
-        q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [t, h, rank]
+        q_nope, q_rope = q.split([a.qk_nope_head_dim, a.qk_rope_head_dim], dim=-1)
+        q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [T, H, rank]
         o = paged_attention(
             torch.cat([q_latent, q_rope], -1),
             self.k_cache,
@@ -228,9 +240,15 @@ class MultiLatentAttention(AttentionMixer):
             context_lens=meta.context_lens,
             block_tables=meta.block_tables,
             scale=a.head_dim**-0.5,
-        )  # [t, h, rank]
-        o = torch.bmm(o.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)  # [t, h, v_head_dim]
-        return self.o_proj(o.reshape(t, h * a.v_head_dim))
+        )  # [T, H, rank]
+        return torch.bmm(o.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)
+
+    def attend_expanded(self, q: Tensor, c: Tensor, k_rope: Tensor, meta: ForwardMetadata) -> Tensor:
+        """Fresh prompts only: per-head K = [k_nope ‖ k_rope], V from the span's own latents → [T, H, v]."""
+        a, t, h = self.a, q.shape[0], self.a.num_heads
+        k_nope, v = self.kv_b_proj(c).view(t, h, -1).split([a.qk_nope_head_dim, a.v_head_dim], dim=-1)
+        k = torch.cat([k_nope, k_rope[:, None, :].expand(t, h, a.qk_rope_head_dim)], dim=-1)
+        return causal_attention(q, k, v, cu_seqlens=meta.cu_seqlens, scale=a.head_dim**-0.5)
 
 
 class DecoderLayer(nn.Module):

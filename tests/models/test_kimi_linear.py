@@ -1,30 +1,58 @@
 import math
+from unittest.mock import patch
 
 import pytest
 import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
-from flashstate.models.kimi_linear import KimiLinearForCausalLM
+from flashstate.models.kimi_linear import KimiLinearForCausalLM, MultiLatentAttention
 from flashstate.models.loader import load_model
 from flashstate.models.spec import ModelSpec
 from tests.harness import PagedHarness, rel_err
 
 VOCAB = 96
 BASE = dict(
-    vocab_size=VOCAB, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=5,
-    num_attention_heads=2, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=12,
-    linear_num_heads=2, linear_head_dim=8, num_local_experts=4, num_experts_per_tok=2, n_shared_experts=1,
-    layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention",
-                 "full_attention"],
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=48,
+    moe_intermediate_size=16,
+    num_hidden_layers=5,
+    num_attention_heads=2,
+    kv_lora_rank=16,
+    qk_nope_head_dim=8,
+    qk_rope_head_dim=4,
+    v_head_dim=12,
+    linear_num_heads=2,
+    linear_head_dim=8,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    n_shared_experts=1,
+    layer_types=[
+        "linear_attention",
+        "full_attention",
+        "linear_attention",
+        "linear_attention",
+        "full_attention",
+    ],
     mlp_layer_types=["dense", "sparse", "sparse", "sparse", "sparse"],
-    pad_token_id=0, bos_token_id=1, eos_token_id=2, dtype="float32",
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+    dtype="float32",
 )
 CONFIGS = {
     "plain": {},
     # low-rank q, biases, grouped routing, two shared experts
-    "lora": dict(q_lora_rank=12, attention_bias=True, num_local_experts=8, n_group=4, topk_group=2,
-                 n_shared_experts=2, num_experts_per_tok=3),
+    "lora": dict(
+        q_lora_rank=12,
+        attention_bias=True,
+        num_local_experts=8,
+        n_group=4,
+        topk_group=2,
+        n_shared_experts=2,
+        num_experts_per_tok=3,
+    ),
 }
 
 
@@ -156,3 +184,28 @@ def test_moonshot_dense_mlp_names_load_too(models, tmp_path):
     other = load_model(tmp_path)
     for (name, a), b in zip(ours.state_dict().items(), other.state_dict().values(), strict=True):
         assert a.equal(b), name
+
+
+def test_expanded_attention_of_fresh_prompts_equals_the_latent_path(models):
+    # On CUDA a batch of fresh prompts expands K/V per head for fused SDPA; everything else attends over
+    # the cached latents with kv_b_proj absorbed. Both are the same function.
+    _, ours, _ = models
+    seqs = _tokens([30, 17], seed=5)
+    h = PagedHarness(ours)
+    mla = next(m for m in ours.modules() if isinstance(m, MultiLatentAttention))
+    calls = []
+
+    def both(q, c, k_rope, meta):
+        calls.append(1)
+        expanded = MultiLatentAttention.attend_expanded(mla, q, c, k_rope, meta)
+        latent = mla.attend_latent(q, meta)
+        assert rel_err(expanded, latent) < 1e-5
+        return expanded
+
+    mla.attend_expanded = both
+    try:
+        with patch("flashstate.models.kimi_linear.fresh_prefill", return_value=True):
+            h.step(dict(enumerate(seqs)))
+    finally:
+        del mla.attend_expanded
+    assert calls == [1]

@@ -16,15 +16,29 @@ SDPA_MIN_SPAN = 256
 SDPA_MAX_HEAD_DIM = 256  # cuDNN / FlashAttention; MLA's latent heads (576 / 512) take the Triton kernel
 
 
+def fresh_prefill(q: Tensor, cu_seqlens: Tensor, context_lens: Tensor) -> bool:
+    """CUDA, and every span is a whole prompt of at least SDPA_MIN_SPAN tokens (no cached prefix): what
+    torch's fused SDPA serves best. One host sync, for long batches only (decode never gets there)."""
+    if not q.is_cuda or q.shape[0] < SDPA_MIN_SPAN * context_lens.numel():
+        return False
+    spans = cu_seqlens.diff()
+    return bool(((spans >= SDPA_MIN_SPAN) & (spans == context_lens)).all())
+
+
 def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, **kwargs):
     """Same contract as naive.paged_attention."""
     fused_dims = max(q.shape[-1], v_cache.shape[-1]) <= SDPA_MAX_HEAD_DIM
-    if q.is_cuda and fused_dims and q.shape[0] >= SDPA_MIN_SPAN * kwargs["context_lens"].numel():
-        spans = kwargs["cu_seqlens"].diff()
-        fresh = (spans >= SDPA_MIN_SPAN) & (spans == kwargs["context_lens"])
-        if bool(fresh.all()):  # one host sync: prefill only (decode never gets here)
-            return backend("attention", "sdpa", q).paged_attention(q, k_cache, v_cache, **kwargs)
+    if fused_dims and fresh_prefill(q, kwargs["cu_seqlens"], kwargs["context_lens"]):
+        return backend("attention", "sdpa", q).paged_attention(q, k_cache, v_cache, **kwargs)
     return backend("attention", "triton", q).paged_attention(q, k_cache, v_cache, **kwargs)
+
+
+def causal_attention(q: Tensor, k: Tensor, v: Tensor, *, cu_seqlens: Tensor, scale: float) -> Tensor:
+    """Causal attention within each span of contiguous q, k, v [T, H, D / Dv] (no cache): torch's SDPA
+    (fused on CUDA), one call per sequence. Returns [T, H, Dv]."""
+    from flashstate.ops.attention.sdpa import causal_attention as sdpa_causal
+
+    return sdpa_causal(q, k, v, cu_seqlens=cu_seqlens, scale=scale)
 
 
 def store_kv(k: Tensor, *args, **kwargs):

@@ -77,3 +77,14 @@ def paged_attention(
                 o = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=scale)
         outs.append(o[0].transpose(0, 1))  # [L, Hq, Dv]; dense when the kernel wrote in q's layout
     return outs[0].contiguous() if len(outs) == 1 else torch.cat(outs)
+
+
+def causal_attention(q: Tensor, k: Tensor, v: Tensor, *, cu_seqlens: Tensor, scale: float) -> Tensor:
+    """q, k: [T, H, D], v: [T, H, Dv], every span its own sequence from position 0 (fresh prompts)."""
+    bounds = cu_seqlens.tolist()
+    outs = []
+    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        qi, ki, vi = (x[start:end].transpose(0, 1)[None] for x in (q, k, v))
+        o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scale)
+        outs.append(o[0].transpose(0, 1))
+    return outs[0].contiguous() if len(outs) == 1 else torch.cat(outs)
