@@ -148,31 +148,17 @@ class KimiDeltaAttention(LinearMixer):
         mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)  # [T, 3·H·D]
         weight = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight])[:, 0]
         mixed, conv_exported = causal_conv1d(
-            mixed,
-            weight,
-            None,
-            conv_state_pool=self.conv_state,
-            state_indices=meta.state_slots,
-            has_initial_state=meta.has_initial_state,
-            cu_seqlens=meta.cu_seqlens,
-            export_token_ids=meta.export_token_ids,
-            activation="silu",
+            mixed, weight, None, conv_state_pool=self.conv_state, state_indices=meta.state_slots,
+            has_initial_state=meta.has_initial_state, cu_seqlens=meta.cu_seqlens,
+            export_token_ids=meta.export_token_ids, activation="silu",
         )
         q, k, v = (y.reshape(1, t, h, d) for y in mixed.split(h * d, dim=-1))
         beta = torch.sigmoid(self.b_proj(x)).unsqueeze(0)
         kda = fused_recurrent_kda if meta.is_decode else chunk_kda
         o, ssm_exported = kda(
-            q,
-            k,
-            v,
-            self.decay(x).unsqueeze(0),
-            beta,
-            state_pool=self.ssm_state,
-            state_indices=meta.state_slots,
-            has_initial_state=meta.has_initial_state,
-            cu_seqlens=meta.cu_seqlens,
-            export_token_ids=meta.export_token_ids,
-            use_qk_l2norm_in_kernel=True,
+            q, k, v, self.decay(x).unsqueeze(0), beta, state_pool=self.ssm_state,
+            state_indices=meta.state_slots, has_initial_state=meta.has_initial_state,
+            cu_seqlens=meta.cu_seqlens, export_token_ids=meta.export_token_ids, use_qk_l2norm_in_kernel=True,
         )
         self.write_exports(meta, conv_exported, ssm_exported)
         gate = self.g_b_proj(self.g_a_proj(x)).view(t, h, d)

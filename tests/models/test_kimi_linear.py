@@ -13,46 +13,19 @@ from tests.harness import PagedHarness, rel_err
 
 VOCAB = 96
 BASE = dict(
-    vocab_size=VOCAB,
-    hidden_size=32,
-    intermediate_size=48,
-    moe_intermediate_size=16,
-    num_hidden_layers=5,
-    num_attention_heads=2,
-    kv_lora_rank=16,
-    qk_nope_head_dim=8,
-    qk_rope_head_dim=4,
-    v_head_dim=12,
-    linear_num_heads=2,
-    linear_head_dim=8,
-    num_local_experts=4,
-    num_experts_per_tok=2,
-    n_shared_experts=1,
-    layer_types=[
-        "linear_attention",
-        "full_attention",
-        "linear_attention",
-        "linear_attention",
-        "full_attention",
-    ],
+    vocab_size=VOCAB, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=5,
+    num_attention_heads=2, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=12,
+    linear_num_heads=2, linear_head_dim=8, num_local_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+    layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention",
+                 "full_attention"],
     mlp_layer_types=["dense", "sparse", "sparse", "sparse", "sparse"],
-    pad_token_id=0,
-    bos_token_id=1,
-    eos_token_id=2,
-    dtype="float32",
+    pad_token_id=0, bos_token_id=1, eos_token_id=2, dtype="float32",
 )
 CONFIGS = {
     "plain": {},
     # low-rank q, biases, grouped routing, two shared experts
-    "lora": dict(
-        q_lora_rank=12,
-        attention_bias=True,
-        num_local_experts=8,
-        n_group=4,
-        topk_group=2,
-        n_shared_experts=2,
-        num_experts_per_tok=3,
-    ),
+    "lora": dict(q_lora_rank=12, attention_bias=True, num_local_experts=8, n_group=4, topk_group=2,
+                 n_shared_experts=2, num_experts_per_tok=3),
 }
 
 
