@@ -219,14 +219,9 @@ class MultiLatentAttention(AttentionMixer):
         q_nope, q_rope = q.split([a.qk_nope_head_dim, a.qk_rope_head_dim], dim=-1)
         q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [T, H, rank]
         o = paged_attention(
-            torch.cat([q_latent, q_rope], -1),
-            self.k_cache,
-            self.v_cache,
-            cu_seqlens=meta.cu_seqlens,
-            context_lens=meta.context_lens,
-            block_tables=meta.block_tables,
-            scale=a.head_dim**-0.5,
-        )  # [T, H, rank]
+            torch.cat([q_latent, q_rope], -1), self.k_cache, self.v_cache, cu_seqlens=meta.cu_seqlens,
+            context_lens=meta.context_lens, block_tables=meta.block_tables, scale=a.head_dim**-0.5,
+        )  # [T, H, rank]  # fmt: skip
         return torch.bmm(o.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)
 
     def attend_expanded(self, q: Tensor, c: Tensor, k_rope: Tensor, meta: ForwardMetadata) -> Tensor:
