@@ -1,6 +1,6 @@
 """What the engine benchmarks share: a greedy sampling preset, a CUDA timer, a wall-time wrapper for an
-engine's methods, one engine step under the profiler, an LLM on the card with the benchmark defaults, and
-reproducible token-id prompts."""
+engine's methods, one engine step under the profiler, an LLM on the card with the benchmark defaults,
+reproducible token-id prompts, and causal attention's FLOPs."""
 
 from __future__ import annotations
 
@@ -78,3 +78,9 @@ def timed(obj, name: str, totals: dict[str, float], key: str) -> None:
             totals[key] += time.perf_counter() - t
 
     setattr(obj, name, wrapper)
+
+
+def attention_flops(q_lens: list[int], context_lens: list[int], heads: int, d: int, dv: int) -> float:
+    """Causal attention FLOPs (QKᵀ and PV, 2 per multiply-add) over the visible pairs."""
+    pairs = sum(ql * (c - ql) + ql * (ql + 1) / 2 for ql, c in zip(q_lens, context_lens, strict=True))
+    return 2.0 * heads * pairs * (d + dv)

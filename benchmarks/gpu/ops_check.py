@@ -18,14 +18,18 @@ import json
 import os
 import sys
 import traceback
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
-from flashstate.ops import attention, gated_delta_rule, kda, short_conv, ssd
+sys.path.insert(0, str(Path(__file__).parent))
+
+from engine_setup import attention_flops  # noqa: E402
+
+from flashstate.ops import attention, gated_delta_rule, kda, short_conv, ssd  # noqa: E402
 from flashstate.ops.attention import naive as attn_naive
-from flashstate.ops.attention.triton import attention_flops
 from flashstate.ops.attention.triton import paged_attention as triton_paged_attention
 from flashstate.ops.gated_delta_rule import naive as gdn_naive
 from flashstate.ops.kda import naive as kda_naive

@@ -397,9 +397,3 @@ def _head_tiles(d: int) -> int:
     if d <= 256:
         return triton.next_power_of_2(d)
     return 1 << (d.bit_length() - 1)
-
-
-def attention_flops(q_lens: list[int], context_lens: list[int], heads: int, d: int, dv: int) -> float:
-    """Causal attention FLOPs (QKᵀ and PV, 2 per multiply-add) over the visible pairs."""
-    pairs = sum(ql * (c - ql) + ql * (ql + 1) / 2 for ql, c in zip(q_lens, context_lens, strict=True))
-    return 2.0 * heads * pairs * (d + dv)
