@@ -20,17 +20,11 @@ from flashstate.models.base import AttentionMixer, HybridForCausalLM, LinearMixe
 from flashstate.models.spec import AttentionSpec, LinearSpec, ModelSpec, MoeSpec, UnsupportedModelError
 from flashstate.ops.activation import silu_mul
 from flashstate.ops.attention import paged_attention, store_kv
+from flashstate.ops.backend import dense_on_cpu
 from flashstate.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 from flashstate.ops.gdn_gating import gdn_gating
 from flashstate.ops.rotary import apply_rotary_
 from flashstate.ops.short_conv import causal_conv1d
-
-
-def dense_on_cpu(t: Tensor) -> Tensor:
-    """`t`, made contiguous on the CPU only: there, torch's sigmoid/SiLU take a vectorised path for dense
-    inputs and a scalar one (different in the last bit) for strided views, and the oracle stays
-    bit-identical to the unfused forms; on CUDA the strided view is read in place."""
-    return t if t.is_cuda else t.contiguous()
 
 
 def _check_act(act: str) -> None:

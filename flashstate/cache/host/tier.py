@@ -122,6 +122,7 @@ class HostTier:
         self.available = True
         self._pin = pin
         self._staging = staging
+        self._store_allocate = getattr(store, "allocate", None)  # a store that keeps the built buffer
         self._chunk_bytes = object_size(layout.chunk_key(layout.root), transfer.kv_specs(layout.chunk_tokens))
         self._lock = threading.RLock()
         self._queue: queue.Queue[_Write | _Remove | None] = queue.Queue()
@@ -190,10 +191,9 @@ class HostTier:
     def _allocate(self, nbytes: int) -> torch.Tensor:
         """A buffer to build an object in: from the store when it keeps the buffer (MemoryStore's arena),
         else a staging buffer the put copies out of (torch's pinned allocator reuses it after)."""
-        allocate = getattr(self.store, "allocate", None)
-        if allocate is None:
+        if self._store_allocate is None:
             return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self._pin)
-        buffer = allocate(nbytes)
+        buffer = self._store_allocate(nbytes)
         if buffer is None:
             raise MemoryError(f"the {self.store.name} store has no free range of {nbytes} bytes")
         return buffer

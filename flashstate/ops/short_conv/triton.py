@@ -288,6 +288,10 @@ def causal_conv1d(
     has = has_initial_state.to(device=x.device)
     flat = torch.empty(t_total * dim, dtype=x.dtype, device=x.device)
     n = idx.shape[0]
+    e = None  # the exported tokens
+    if export_token_ids is not None and export_token_ids.numel():
+        e = export_token_ids.to(device=x.device, dtype=torch.long)
+    exported = conv_state_pool.new_empty((0, dim, width))
     if t_total == n and n:  # one token per sequence (spans are never empty): update the slots in place
         bd_update = min(bd, 256)
         _conv_update_kernel[(n, triton.cdiv(dim, bd_update))](
@@ -296,10 +300,7 @@ def causal_conv1d(
             K=kernel, KP=triton.next_power_of_2(width), HAS_BIAS=bias is not None,
             SILU=activation == "silu", BD=bd_update,
         )  # fmt: skip
-        if export_token_ids is None or export_token_ids.numel() == 0:
-            exported = conv_state_pool.new_empty((0, dim, width))
-        else:  # token e is sequence e: its export is the slot's new window
-            e = export_token_ids.to(device=x.device, dtype=torch.long)
+        if e is not None:  # token e is sequence e: its export is the slot's new window
             exported = conv_state_pool.index_select(0, idx[e])
         return _parts(flat, t_total, dim, out_splits), exported
     seq_of_token = torch.searchsorted(cu, torch.arange(t_total, device=x.device), right=True) - 1
@@ -328,10 +329,7 @@ def causal_conv1d(
             HAS_BIAS=bias is not None,
             SILU=activation == "silu",
         )
-    if export_token_ids is None or export_token_ids.numel() == 0:
-        exported = conv_state_pool.new_empty((0, dim, width))
-    else:
-        e = export_token_ids.to(device=x.device, dtype=torch.long)
+    if e is not None:
         exported = _windows(x, conv_state_pool, cu, idx, has, seq_of_token[e], e, e.shape[0])
     finals = _windows(x, conv_state_pool, cu, idx, has, None, None, n)
     conv_state_pool.index_copy_(0, idx, finals)
