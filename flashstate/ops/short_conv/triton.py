@@ -81,14 +81,13 @@ def _conv_kernel(
     acc = tl.zeros([BT, BD], dtype=tl.float32)
     if HAS_BIAS:
         acc += tl.load(bias + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
-    for j in tl.static_range(K):
-        row = t - (K - 1) + j
-        # the mask does not wait for the sequence bounds (a row of the previous sequence is read, then
-        # replaced below): the loads of x go out together with the per-token metadata loads
-        xm = (t_ok & (row >= 0))[:, None] & d_ok[None, :]
-        xv = tl.load(x + row.to(tl.int64)[:, None] * stride_x_t + d[None, :], mask=xm, other=0.0)
-        xv = xv.to(tl.float32)
-        if reaches_pool:
+    # two copies of the tap loop: a branch inside it would keep each tap's load waiting for the previous
+    # tap's product, while the straight-line common copy issues all K loads at once
+    if reaches_pool:
+        for j in tl.static_range(K):
+            row = t - (K - 1) + j
+            xm = (t_ok & (row >= 0))[:, None] & d_ok[None, :]
+            xv = tl.load(x + row.to(tl.int64)[:, None] * stride_x_t + d[None, :], mask=xm, other=0.0)
             pos = local - (K - 1) + j
             in_x = pos >= 0
             slot = tl.load(indices + seq, mask=t_ok, other=0).to(tl.int64)
@@ -100,9 +99,17 @@ def _conv_kernel(
                 mask=sm,
                 other=0.0,
             )
-            xv = tl.where(in_x[:, None], xv, sv.to(tl.float32))
-        w = tl.load(weight + d * K + j, mask=d_ok, other=0.0).to(tl.float32)
-        acc += xv * w[None, :]
+            # a row of the previous sequence was read from x: the pool's value replaces it
+            xv = tl.where(in_x[:, None], xv.to(tl.float32), sv.to(tl.float32))
+            w = tl.load(weight + d * K + j, mask=d_ok, other=0.0).to(tl.float32)
+            acc += xv * w[None, :]
+    else:
+        for j in tl.static_range(K):
+            row = t - (K - 1) + j
+            xm = t_ok[:, None] & d_ok[None, :]
+            xr = tl.load(x + row.to(tl.int64)[:, None] * stride_x_t + d[None, :], mask=xm, other=0.0)
+            wr = tl.load(weight + d * K + j, mask=d_ok, other=0.0).to(tl.float32)
+            acc += xr.to(tl.float32) * wr[None, :]
     if SILU:
         acc = acc * tl.sigmoid(acc)
     # y holds channels [lo, hi) of this tile's part as its own contiguous [T, hi - lo] block at T · lo;
