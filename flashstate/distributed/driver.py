@@ -5,6 +5,10 @@
     budget = driver.agree_on_budget(own_budget)                  # the smallest rank's
     caches = driver.start(model, caches, num_blocks, num_slots)  # workers allocate the same pools
     driver.model(input_ids, meta)                                # broadcast, then the local forward
+    driver.decode(inputs, rows, graphed, tables_changed)         # before a decode batch (ModelRunner)
+
+A decode batch sends no tensors through the pipe: the workers keep DecodeInputs buffers (and decode
+graphs) like rank 0's, and rank 0's device buffers are broadcast into theirs by the collective group.
 
 Cache-tensor copies made on rank 0 (copy-on-write blocks, slot copies) are queued and replayed by every
 worker before its next forward, so each rank's share of the pools goes through the same writes in the
@@ -26,10 +30,18 @@ import torch
 from torch import Tensor
 
 from flashstate.config import EngineConfig
-from flashstate.distributed.group import TPGroup, disable_nvls, master_store, rank_device, split_cpu_threads
+from flashstate.distributed.group import (
+    TPGroup,
+    broadcast_decode_inputs,
+    disable_nvls,
+    master_store,
+    rank_device,
+    split_cpu_threads,
+)
 from flashstate.distributed.shard_plan import Shard, TensorParallelError, shard_spec
 from flashstate.distributed.worker import run_worker
 from flashstate.engine.cache_tensors import CacheTensors
+from flashstate.engine.decode_inputs import DecodeInputs
 from flashstate.layers.metadata import ForwardMetadata
 from flashstate.models.base import HybridForCausalLM
 from flashstate.models.spec import ModelSpec
@@ -49,11 +61,8 @@ class ParallelModel:
 
     def __call__(self, input_ids: Tensor, meta: ForwardMetadata) -> Tensor:
         self._driver.broadcast(("step", self._driver.take_copies(), input_ids.cpu(), meta.to("cpu")))
-        try:
+        with self._driver.naming_dead_workers():
             return self.local(input_ids, meta)
-        except RuntimeError as e:  # a collective failed: name the worker that died, if one did
-            self._driver.check_alive(wait=DEATH_SECONDS, cause=e)
-            raise
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.local, name)
@@ -123,6 +132,7 @@ class TensorParallelDriver:
             self.shutdown()
             raise
         self.model: ParallelModel | None = None
+        self._decode_ready = False
 
     @property
     def pids(self) -> list[int]:
@@ -155,6 +165,35 @@ class TensorParallelDriver:
         self.broadcast(("plan", num_blocks, num_slots))
         self.model = ParallelModel(model, self)
         return MirroredCaches(caches, self)
+
+    @property
+    def local(self) -> HybridForCausalLM:
+        assert self.model is not None, "start() first"
+        return self.model.local
+
+    def setup_decode(self, inputs: DecodeInputs, capture: bool) -> None:
+        """The workers build decode buffers shaped like `inputs` and, with `capture`, capture their decode
+        graphs now, together with rank 0 (the graphs' all-reduces pair up across ranks)."""
+        self.broadcast(("decode_setup", inputs.max_batch, inputs.width, capture))
+        self._decode_ready = False
+
+    def decode(self, inputs: DecodeInputs, rows: int, graphed: bool, tables_changed: bool) -> None:
+        if not self._decode_ready:
+            for rank in range(1, len(self.procs) + 1):
+                self._expect(rank, "decode_ready")
+            self._decode_ready = True
+        self.broadcast(("decode", self.take_copies(), rows, graphed, tables_changed))
+        with self.naming_dead_workers():
+            broadcast_decode_inputs(self.group, inputs, rows, tables_changed)
+
+    @contextlib.contextmanager
+    def naming_dead_workers(self):
+        """A collective that fails raises the death of the worker behind it, if one died."""
+        try:
+            yield
+        except RuntimeError as e:
+            self.check_alive(wait=DEATH_SECONDS, cause=e)
+            raise
 
     def take_copies(self) -> list[tuple[str, int, int]]:
         copies, self.copies = self.copies, []

@@ -12,6 +12,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from flashstate.distributed.shard_plan import reduce_points
+from flashstate.engine.decode_inputs import DecodeInputs
 
 # A step longer than this (a huge prefill on CPU) would be a bug: the collectives give up.
 STEP_TIMEOUT = datetime.timedelta(hours=1)
@@ -32,8 +33,8 @@ def client_store(port: int, world_size: int) -> dist.TCPStore:
 
 
 class TPGroup:
-    """`all_reduce` over all ranks (in place). On CPU a gloo group of its own; on GPU NCCL through
-    torch.distributed's default group (so one tensor-parallel engine per process at a time)."""
+    """`all_reduce` and `broadcast` over all ranks (in place). On CPU a gloo group of its own; on GPU NCCL
+    through torch.distributed's default group (so one tensor-parallel engine per process at a time)."""
 
     def __init__(self, store: dist.Store, rank: int, world_size: int, device: torch.device):
         self.rank, self.world_size, self.device = rank, world_size, device
@@ -55,6 +56,19 @@ class TPGroup:
             self.pg.allreduce([x]).wait()
         return x
 
+    def broadcast(self, x: Tensor) -> Tensor:
+        """Rank 0's `x` into every rank's `x` (in place; contiguous)."""
+        if x.dtype == torch.bool:  # gloo has no bool: the same bytes as uint8
+            self.broadcast(x.view(torch.uint8))
+            return x
+        if self.pg is None:
+            dist.broadcast(x, src=0)
+        else:
+            opts = dist.BroadcastOptions()
+            opts.rootRank = 0
+            self.pg.broadcast([x], opts).wait()
+        return x
+
     def attach(self, model: nn.Module) -> None:
         attach_reduce(model, self.all_reduce)
 
@@ -71,6 +85,15 @@ def attach_reduce(model: nn.Module, all_reduce: Callable[[Tensor], Tensor]) -> N
         raise RuntimeError(f"no layer halves to reduce in {model.spec.architecture}")
     for name in names:
         modules[name].register_forward_hook(lambda _m, _args, out: all_reduce(out))
+
+
+def broadcast_decode_inputs(group: TPGroup, inputs: DecodeInputs, rows: int, tables_changed: bool) -> None:
+    """Rank 0's uploaded decode buffers into every rank's (rows [0, rows) of the block tables, when they
+    changed): the same bytes a decode forward or graph replay reads on every rank."""
+    group.broadcast(inputs.ints)
+    group.broadcast(inputs.has_state)
+    if tables_changed:
+        group.broadcast(inputs.tables[:rows])
 
 
 def split_cpu_threads(device: torch.device, world_size: int) -> int:

@@ -3,7 +3,10 @@ KV blocks and state slots, then replays every step rank 0 sends it.
 
 Messages on the pipe from rank 0, in order:
     ("plan", num_blocks, num_slots)                      once, after the worker reported ("ready", budget)
-    ("step", copies, input_ids, metadata)                every forward; copies: [(op, src, dst)] applied first
+    ("step", copies, input_ids, metadata)                a forward; copies: [(op, src, dst)] applied first
+    ("decode_setup", max_batch, width, capture)          once, answered ("decode_ready",) once set up
+    ("decode", copies, rows, graphed, tables_changed)    a decode batch: rank 0's decode buffers arrive by
+                                                         broadcast, then a graph replay or an eager forward
     ("shutdown",)
 The worker exits when the pipe closes (rank 0 died) and reports any failure as ("error", traceback).
 """
@@ -19,7 +22,14 @@ from multiprocessing.connection import Connection
 import torch
 
 from flashstate.config import EngineConfig
-from flashstate.distributed.group import TPGroup, client_store, disable_nvls, rank_device, split_cpu_threads
+from flashstate.distributed.group import (
+    TPGroup,
+    broadcast_decode_inputs,
+    client_store,
+    disable_nvls,
+    rank_device,
+    split_cpu_threads,
+)
 from flashstate.distributed.shard_plan import Shard
 
 
@@ -38,6 +48,8 @@ def run_worker(config: EngineConfig, model_dir: str, rank: int, port: int, conn:
 def _serve(config: EngineConfig, model_dir: str, rank: int, port: int, conn: Connection) -> None:
     from flashstate.cache.memory_plan import cache_budget
     from flashstate.engine.cache_tensors import CacheTensors
+    from flashstate.engine.cuda_graph import DecodeGraphs
+    from flashstate.engine.decode_inputs import DecodeInputs
     from flashstate.engine.llm_engine import resolve_device
     from flashstate.models.loader import load_model
     from flashstate.models.spec import DTYPES
@@ -59,13 +71,33 @@ def _serve(config: EngineConfig, model_dir: str, rank: int, port: int, conn: Con
         model.spec, num_blocks, config.block_size, num_slots, next(model.parameters()).dtype, device
     )
     caches.bind(model)
+    inputs: DecodeInputs | None = None
+    graphs: DecodeGraphs | None = None
     with torch.inference_mode():
         while True:
             msg = pickle.loads(conn.recv_bytes())
             if msg[0] == "shutdown":
                 break
-            _, copies, input_ids, meta = msg
-            for op, src, dst in copies:
+            if msg[0] == "decode_setup":
+                _, max_batch, width, capture = msg
+                inputs = DecodeInputs(
+                    max_batch, width, config.block_size, caches.pad_block, caches.pad_slot, device
+                )
+                graphs = DecodeGraphs(model, inputs) if capture else None
+                if graphs is not None:
+                    graphs.capture()
+                conn.send(("decode_ready",))
+                continue
+            for op, src, dst in msg[1]:
                 getattr(caches, op)(src, dst)
-            model(input_ids.to(device), meta.to(device))
+            if msg[0] == "step":
+                model(msg[2].to(device), msg[3].to(device))
+                continue
+            _, _, rows, graphed, tables_changed = msg
+            assert inputs is not None, "a decode batch before decode_setup"
+            broadcast_decode_inputs(group, inputs, rows, tables_changed)
+            if graphed:
+                graphs.replay(rows)
+            else:
+                model(inputs.input_ids(rows), inputs.metadata(rows))
     group.close()

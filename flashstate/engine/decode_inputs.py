@@ -184,12 +184,14 @@ class DecodeInputs:
         self.ints[_SLOT_MAPPING, :n].masked_fill_(done, self.pad_block * self.block_size)
         self.has_state[:n].masked_fill_(done, False)
 
-    def upload(self, bs: int) -> None:
-        """Copy the prepared rows to the device (CUDA; nothing to do on the CPU)."""
+    def upload(self, bs: int) -> bool:
+        """Copy the prepared rows to the device (CUDA; nothing to do on the CPU). True if rows of the block
+        tables changed since the last upload."""
+        tables_changed = self._full_upload or bool(self._grown)
         if self._uploaded is None:
             self._grown.clear()
             self._full_upload = False
-            return
+            return tables_changed
         self.ints.copy_(self._ints_host, non_blocking=True)
         self.has_state.copy_(self._state_host, non_blocking=True)
         if self._full_upload or len(self._grown) > _ROW_COPIES:
@@ -200,3 +202,4 @@ class DecodeInputs:
         self._grown.clear()
         self._full_upload = False
         self._uploaded.record()
+        return tables_changed

@@ -97,9 +97,8 @@ class LLMEngine:
             caches = self.tp.start(self.model, caches, self.plan.num_blocks, self.plan.num_slots)
             self.model = self.tp.model
         self.cost = self._prefill_cost(caches)
-        self.runner = ModelRunner(self.model, caches, config.block_size, self.device)
-        # Decode graphs stay single-rank for now: a worker would have to capture and replay the same graphs.
-        if not config.enforce_eager and self.tp is None:
+        self.runner = ModelRunner(self.model, caches, config.block_size, self.device, peers=self.tp)
+        if not config.enforce_eager:
             self.runner.capture_graphs(config.max_num_seqs, -(-self.max_model_len // config.block_size))
         self.requests: dict[str, RequestState] = {}
         self._ids = itertools.count()

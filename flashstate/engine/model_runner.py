@@ -6,6 +6,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -40,9 +41,30 @@ class StepOutput:
     seconds: float
 
 
+class DecodePeers(Protocol):
+    """The other tensor-parallel ranks, kept in step with rank 0's decode batches (distributed/driver.py)."""
+
+    local: HybridForCausalLM  # rank 0's share of the model: decode forwards and graphs run it
+
+    def setup_decode(self, inputs: DecodeInputs, capture: bool) -> None:
+        """Before rank 0 captures (or, with capture False, keeps eager) decode graphs over `inputs`."""
+
+    def decode(self, inputs: DecodeInputs, rows: int, graphed: bool, tables_changed: bool) -> None:
+        """Before rank 0 runs a decode batch from `inputs` (its first `rows` rows, replayed or eager)."""
+
+
 class ModelRunner:
-    def __init__(self, model: HybridForCausalLM, caches: CacheTensors, block_size: int, device: torch.device):
+    def __init__(
+        self,
+        model: HybridForCausalLM,
+        caches: CacheTensors,
+        block_size: int,
+        device: torch.device,
+        peers: DecodePeers | None = None,
+    ):
         self.model = model
+        self.peers = peers
+        self._decode_model = peers.local if peers is not None else model
         self.caches = caches
         self.block_size = block_size
         self.device = device
@@ -71,13 +93,18 @@ class ModelRunner:
             self.caches.pad_slot,
             self.device,
         )
-        if self.device.type != "cuda" or not self.model.spec.cuda_graph_safe:
+        capture = self.device.type == "cuda" and self.model.spec.cuda_graph_safe
+        if self.peers is not None:
+            self.peers.setup_decode(self.inputs, capture)
+        if not capture:
             return False
-        graphs = DecodeGraphs(self.model, self.inputs)
+        graphs = DecodeGraphs(self._decode_model, self.inputs)
         start = time.perf_counter()
         try:
             graphs.capture()
         except RuntimeError as e:  # an op that waits on the device (e.g. the reference ops' host loops)
+            if self.peers is not None:  # the workers' captures cannot be left half-way
+                raise
             logger.warning("decode stays eager: CUDA graph capture failed (%s)", str(e).splitlines()[0])
             torch.cuda.synchronize(self.device)
             return False
@@ -122,11 +149,18 @@ class ModelRunner:
         graphs = self.graphs if self.graphs is not None and self.graphs.fits(n) else None
         bs = graphs.padded(n) if graphs is not None else n
         self.inputs.prepare(seqs, bs)
-        self.inputs.upload(bs)
+        return self._forward_decode(n, bs, graphs, self.inputs.upload(bs))
+
+    def _forward_decode(
+        self, n: int, bs: int, graphs: DecodeGraphs | None, tables_changed: bool
+    ) -> torch.Tensor:
+        """Logits [n, V] of the decode batch in `inputs` (uploaded), replayed when `graphs` is given."""
+        if self.peers is not None:
+            self.peers.decode(self.inputs, bs, graphs is not None, tables_changed)
         if graphs is not None:
             return graphs.replay(n)
-        hidden = self.model(self.inputs.input_ids(n), self.inputs.metadata(n))
-        return self.model.compute_logits(hidden).float()
+        hidden = self._decode_model(self.inputs.input_ids(n), self.inputs.metadata(n))
+        return self._decode_model.compute_logits(hidden).float()
 
     def _sampling_batch(self, seqs: list[Sequence]) -> SamplingBatch:
         ids = list(map(id, seqs))
@@ -177,7 +211,7 @@ class ModelRunner:
         graphs = self.graphs if self.graphs is not None and self.graphs.fits(n) else None
         bs = graphs.padded(n) if graphs is not None else n
         self.inputs.prepare(seqs, bs, ahead=True)
-        self.inputs.upload(bs)
+        tables_changed = self.inputs.upload(bs)
         rows = {id(s): i for i, s in enumerate(prev.seqs)}
         src = [rows[id(s)] for s in seqs]
         if src == list(range(n)):
@@ -185,13 +219,7 @@ class ModelRunner:
         else:
             tokens = prev.sampled[torch.tensor(src, dtype=torch.long, device=self.device)]
         self.inputs.feed(tokens, self._stop_table(seqs, stop_ids))
-        if graphs is not None:
-            logits = graphs.replay(n)
-        else:
-            logits = self.model.compute_logits(
-                self.model(self.inputs.input_ids(n), self.inputs.metadata(n))
-            ).float()
-        return self._launch_sampling(seqs, logits, start)
+        return self._launch_sampling(seqs, self._forward_decode(n, bs, graphs, tables_changed), start)
 
     def _stop_table(self, seqs: list[Sequence], stop_ids: list[frozenset[int]]) -> torch.Tensor | None:
         """[n, K] stop ids per row, -1 padded (None when no row has any), kept while the rows are the same."""

@@ -90,6 +90,49 @@ def test_two_ranks_give_the_tokens_of_one(preset):
     two.close()  # idempotent
 
 
+def test_decode_batches_reach_the_workers_as_broadcast_buffers_with_steps_launched_ahead():
+    """Async scheduling (steps launched before the previous tokens are read, stop tokens masked on the
+    device) over TP=2: the same tokens as TP=1, and pure decode batches send no tensors down the pipe."""
+    model = str(preset_dir("tiny"))
+    rng = random.Random(7)
+    prompts = [[rng.randrange(1, 300) for _ in range(rng.randint(5, 19))] for _ in range(4)]
+    long = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    with LLM(model, **ENGINE) as one:
+        free = [o.token_ids for o in one.generate(prompts, long)]
+        # a stop id met mid-generation by some sequences: their rows run masked in the step launched ahead
+        stop = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, stop_token_ids=[free[0][4]])
+        stopped = [o.token_ids for o in one.generate(prompts, stop)]
+    assert any(len(t) < 12 for t in stopped)
+    with LLM(model, tensor_parallel_size=2, **ENGINE) as two:
+        driver = two.engine.tp
+        kinds = []
+        send = driver.broadcast
+        driver.broadcast = lambda msg: (kinds.append(msg[0]), send(msg))[1]
+        assert [o.token_ids for o in two.generate(prompts, long)] == free
+        assert [o.token_ids for o in two.generate(prompts, stop)] == stopped
+        two.engine.check_integrity()
+    assert two.engine.runner.inputs is not None
+    assert kinds.count("decode") >= 11, kinds
+    assert kinds.count("step") <= 6, kinds  # the prefills (and mixed steps), never a pure decode batch
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_two_ranks_replay_decode_graphs_with_the_tokens_of_one():
+    """On GPUs every rank captures its decode graphs (their all-reduces pair up) and replays them from the
+    buffers rank 0 broadcasts; fp32, so a different summation order cannot flip a greedy near tie."""
+    model = str(preset_dir("tiny"))
+    engine = dict(ENGINE, device="cuda", dtype="float32", kv_cache_memory_bytes=256 << 20)
+    rng = random.Random(3)
+    prompts = [[rng.randrange(1, 300) for _ in range(rng.randint(5, 40))] for _ in range(6)]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    with LLM(model, **engine) as one:
+        want = [o.token_ids for o in one.generate(prompts, params)]
+    with LLM(model, tensor_parallel_size=2, **engine) as two:
+        assert two.engine.runner.graphs is not None
+        assert [o.token_ids for o in two.generate(prompts, params)] == want
+        two.engine.check_integrity()
+
+
 def test_a_split_that_does_not_divide_the_heads_is_refused_before_any_spawn():
     with pytest.raises(
         TensorParallelError, match=r"tensor_parallel_size 3 does not divide the attention heads \(4\)"
