@@ -3,8 +3,8 @@ export and checkpoint copy timings against the card's measured ceilings (issue 7
 
     PYTHONPATH=. python benchmarks/gpu/model_bench.py [--preset qwen3-next-2b] [--no-async-scheduling]
 
-Writes $OUT/model_bench_<preset>.json and prints one table last. Every timing goes through the engine's
-own objects (paged KV pool, state pool, ModelRunner, CUDA graphs), not bare kernels.
+Writes $OUT/model_bench_<preset>[_<parts run>].json and prints one table last. Every timing goes through
+the engine's own objects (paged KV pool, state pool, ModelRunner, CUDA graphs), not bare kernels.
 
 Switch for A/B runs (environment): FLASHSTATE_SDPA_GQA=0 repeats the K/V heads before SDPA (the path
 before issue 7's fusions) instead of passing grouped heads (`enable_gqa`, taken only when torch picks the
@@ -41,6 +41,12 @@ from flashstate.engine.cache_tensors import kv_bytes_per_block, state_bytes_per_
 from flashstate.layers.metadata import ForwardMetadata  # noqa: E402
 from flashstate.models.presets import preset_dir  # noqa: E402
 
+PARTS = ("oracle", "paths", "prefill", "export", "decode")
+
+
+def out_dir() -> Path:
+    return Path(os.environ.get("OUT", "."))
+
 
 def linear_weights(model: torch.nn.Module) -> int:
     """Weights of every nn.Linear except the lm head."""
@@ -64,7 +70,7 @@ def prefill_flops(llm: LLM, tokens: int) -> float:
 def profile_step(llm: LLM, ids: list[int], params: SamplingParams) -> None:
     """Where one prefill step's GPU time goes: $OUT/profile_prefill_<n>.txt, the top kernels."""
     llm.engine.add_request(ids, params)
-    profiled_step(llm.engine, Path(os.environ.get("OUT", ".")) / f"profile_prefill_{len(ids)}.txt")
+    profiled_step(llm.engine, out_dir() / f"profile_prefill_{len(ids)}.txt")
     while llm.engine.has_unfinished():
         llm.engine.step()
 
@@ -157,6 +163,22 @@ def bench_export(model_dir: Path, n: int, out: dict) -> None:
     torch.cuda.empty_cache()
 
 
+def profile_replay(graph: torch.cuda.CUDAGraph, path: Path, replays: int = 5) -> float:
+    """The kernels of a decode graph's replay (CUPTI traces the nodes of a graph): their table, by CUDA
+    time, goes to `path`; returns the kernels per replay."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    kernels = sum(e.device_type == DeviceType.CUDA for e in prof.events()) / replays
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=60, max_name_column_width=70)
+    path.write_text(f"{kernels:.0f} kernels per replay ({replays} replays profiled)\n{table}")
+    return kernels
+
+
 def bench_decode(
     model_dir: Path,
     batches: list[int],
@@ -220,6 +242,7 @@ def bench_decode(
                 ev[1].record()
                 torch.cuda.synchronize()
                 replay_s = ev[0].elapsed_time(ev[1]) / 10 / 1e3
+                kernels = profile_replay(replay, out_dir() / f"profile_decode_b{b}.txt")
             for seq in list(engine.scheduler.running):  # the replays above advanced their states: drop them
                 engine.abort(seq.request_id)
             spec = engine.spec
@@ -241,6 +264,7 @@ def bench_decode(
                 row["graph_replay_s"] = replay_s
                 row["replay_over_floor"] = replay_s / floor
                 row["host_overhead"] = 1 - replay_s / step
+                row["kernels_per_replay"] = kernels
             rows.append(row)
         del llm
         torch.cuda.empty_cache()
@@ -262,7 +286,9 @@ def main() -> None:
     start = time.perf_counter()
     model_dir = preset_dir(a.preset)
     out["materialize_s"] = time.perf_counter() - start
-    path = Path(os.environ.get("OUT", ".")) / f"model_bench_{a.preset}.json"
+    ran = [name for name in PARTS if name not in skip]
+    tag = "" if len(ran) == len(PARTS) else "_" + "-".join(ran)  # a partial run does not overwrite another
+    path = out_dir() / f"model_bench_{a.preset}{tag}.json"
     steps = [
         ("oracle", lambda: check_oracle(model_dir, out)),
         ("paths", lambda: check_greedy_paths(model_dir, out)),
@@ -313,7 +339,7 @@ def main() -> None:
         if "host_overhead" in r:
             extra = (
                 f"  replay {r['graph_replay_s'] * 1e3:.2f} ms (×{r['replay_over_floor']:.2f})"
-                f" host {r['host_overhead']:.1%}"
+                f" host {r['host_overhead']:.1%} kernels {r['kernels_per_replay']:.0f}"
             )
         extra += "  " + " ".join(f"{k} {v * 1e3:.2f}" for k, v in r["parts_s"].items())
         print(
