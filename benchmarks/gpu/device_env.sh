@@ -1,0 +1,26 @@
+# Sourced first in a command on the device machine (bash): installs the carried wheels, sets the
+# environment every GPU script here expects, and restores the compiled Triton kernels (and autotuning
+# results) carried from an earlier run, so a fresh machine does not compile them again.
+#
+#   run(carry=[".whl", ".traces", ".tcache.tar.gz"]):
+#     source benchmarks/gpu/device_env.sh && ...; save_triton_cache
+#   back here: cp <files_at>/tcache.tar.gz .tcache.tar.gz    # the next run carries it
+#
+# Only the kernels' binaries and metadata are kept (Triton finds a kernel by those; its IR text is
+# dropped), so the archive stays within the carry limit. A stale archive costs nothing: kernels whose
+# source changed miss and compile as before.
+
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+  .whl/*.whl || return 1
+export PYTHONPATH="/tmp/site:$PWD" FLASHSTATE_HOME=/tmp/fs PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+export TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR="$PWD/.tcache"
+if [ -f .tcache.tar.gz ]; then
+  tar -xzf .tcache.tar.gz && echo "device_env: $(find .tcache -name '*.cubin' | wc -l) Triton kernels restored"
+fi
+
+save_triton_cache() {
+  [ -d .tcache ] || return 0
+  (cd .tcache && find . -type f \( -name '*.cubin' -o -name '*.json' \) -print0 \
+    | tar --null -czf "${OUT:-.}/tcache.tar.gz" --transform 's,^\./,.tcache/,' -T -)
+  echo "device_env: $(du -h "${OUT:-.}/tcache.tar.gz" | cut -f1) of Triton cache in \$OUT/tcache.tar.gz"
+}
