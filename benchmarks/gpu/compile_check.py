@@ -19,6 +19,8 @@ from triton.compiler import ASTSource
 
 from flashstate.ops.activation.triton import _silu_mul_kernel
 from flashstate.ops.attention.triton import _merge_splits_kernel, _paged_attention_kernel
+from flashstate.ops.gated_delta_rule.decode_triton import BV as GDN_BV
+from flashstate.ops.gated_delta_rule.decode_triton import _gdn_decode_kernel
 from flashstate.ops.gdn_gating.triton import _gdn_gating_kernel
 from flashstate.ops.norm.triton import _rms_norm_kernel
 from flashstate.ops.pooled_triton import _export_kernel, _zero_fresh_kernel
@@ -219,6 +221,10 @@ def main() -> None:
             scalars=dict(dt_lo="fp32", dt_hi="fp32"),
         )
     )
+    gdn = {n: "*bf16" for n in ("q", "k", "v", "a", "b", "dt_bias", "o")}
+    gdn.update(A_log="*fp32", pool="*fp32", indices="*i64", has_initial="*i1")
+    constants = dict(H=16, HV=32, K=128, V=128, BK=128, BV=GDN_BV, L2NORM=True)
+    ok.append(build(_gdn_decode_kernel, gdn, constants, scalars=dict(scale="fp32"), num_warps=4))
     print(f"{sum(ok)}/{len(ok)} kernels compiled for sm_90")
     sys.exit(0 if all(ok) else 1)
 

@@ -21,7 +21,7 @@ from flashstate.models.spec import AttentionSpec, LinearSpec, ModelSpec, MoeSpec
 from flashstate.ops.activation import silu_mul
 from flashstate.ops.attention import paged_attention, store_kv
 from flashstate.ops.backend import dense_on_cpu
-from flashstate.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+from flashstate.ops.gated_delta_rule import chunk_gated_delta_rule, decode_gated_delta_rule_in_place
 from flashstate.ops.gdn_gating import gdn_gating
 from flashstate.ops.rotary import apply_rotary_
 from flashstate.ops.short_conv import causal_conv1d
@@ -188,15 +188,19 @@ class Qwen3NextGatedDeltaNet(StackedLinears, LinearMixer):
             cu_seqlens=meta.cu_seqlens, export_token_ids=meta.export_token_ids, activation="silu",
             out_splits=[key_dim, key_dim, value_dim],
         )
-        g, beta = gdn_gating(a, b, self.A_log, self.dt_bias)
-        op = fused_recurrent_gated_delta_rule if meta.is_decode else chunk_gated_delta_rule
-        o, ssm_exported = op(
-            q.view(1, t, self.nk, self.dk), k.view(1, t, self.nk, self.dk),
-            v.view(1, t, self.nv, self.dv), g[None], beta[None],
+        qkv = q.view(1, t, self.nk, self.dk), k.view(1, t, self.nk, self.dk), v.view(1, t, self.nv, self.dv)
+        pooled = dict(
             state_pool=self.ssm_state, state_indices=meta.state_slots,
-            has_initial_state=meta.has_initial_state, cu_seqlens=meta.cu_seqlens,
-            export_token_ids=meta.export_token_ids, use_qk_l2norm_in_kernel=True, chunk_size=self.chunk_size,
+            has_initial_state=meta.has_initial_state, export_token_ids=meta.export_token_ids,
+            use_qk_l2norm_in_kernel=True,
         )
+        if meta.is_decode:  # one token per sequence: the gates are computed inside the step
+            o, ssm_exported = decode_gated_delta_rule_in_place(*qkv, a, b, self.A_log, self.dt_bias, **pooled)
+        else:
+            g, beta = gdn_gating(a, b, self.A_log, self.dt_bias)
+            o, ssm_exported = chunk_gated_delta_rule(
+                *qkv, g[None], beta[None], cu_seqlens=meta.cu_seqlens, chunk_size=self.chunk_size, **pooled
+            )
         self.write_exports(meta, conv_exported, ssm_exported)
         o = self.norm(o.view(t, self.nv, self.dv), z.view(t, self.nv, self.dv))
         return self.out_proj(o.reshape(t, -1))

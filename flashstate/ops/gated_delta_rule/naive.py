@@ -180,3 +180,32 @@ def fused_recurrent_gated_delta_rule(
     `chunk_gated_delta_rule` (`chunk_size` is ignored)."""
     return _run(_recurrent_span, q, k, v, g, beta, scale, state_pool, state_indices, has_initial_state,
                 cu_seqlens, export_token_ids, use_qk_l2norm_in_kernel, chunk_size)
+
+
+def decode_gated_delta_rule_in_place(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    a: Tensor,
+    b: Tensor,
+    A_log: Tensor,  # noqa: N803
+    dt_bias: Tensor,
+    *,
+    scale: float | None = None,
+    state_pool: Tensor,
+    state_indices: Tensor,
+    has_initial_state: Tensor,
+    export_token_ids: Tensor | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """One token per sequence with the gates' inputs a, b [N, HV]: the gates, then the recurrent step (the
+    oracle of the fused GPU decode kernel)."""
+    from flashstate.ops.gdn_gating.naive import gdn_gating
+
+    g, beta = gdn_gating(a, b, A_log, dt_bias)
+    cu = torch.arange(q.shape[1] + 1, device=q.device)
+    return fused_recurrent_gated_delta_rule(
+        q, k, v, g[None], beta[None], scale=scale, state_pool=state_pool, state_indices=state_indices,
+        has_initial_state=has_initial_state, cu_seqlens=cu, export_token_ids=export_token_ids,
+        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+    )  # fmt: skip

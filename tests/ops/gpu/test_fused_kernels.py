@@ -169,3 +169,44 @@ def test_conv_decode_batch_updates_the_slots_in_place_like_the_general_path(spli
     assert torch.equal(got_exported.cpu(), want_exported)
     assert torch.equal(got_pool[1, :, 2].cpu(), x[4].to(pool_dtype))  # a fresh sequence: [0, 0, x]
     assert not got_pool[1, :, :2].any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gdn_decode_with_gates_inside_updates_the_slots_like_the_gates_then_the_step(dtype):
+    from flashstate.ops.gated_delta_rule import naive as gdr_naive
+    from flashstate.ops.gated_delta_rule.decode_triton import decode_gated_delta_rule_in_place
+
+    g = torch.Generator().manual_seed(9)
+    n, heads, hv, dk, dv = 5, 2, 4, 16, 40  # dv: one full column block and a masked one
+    q, k = (torch.randn(1, n, heads, dk, generator=g).to(dtype) for _ in range(2))
+    v = torch.randn(1, n, hv, dv, generator=g).to(dtype)
+    ba = (torch.randn(n, 2 * hv + 3, generator=g) * 4).to(dtype)  # in_proj_ba's output: b, a are views
+    b, a = ba[:, :hv], ba[:, hv : 2 * hv]
+    a_log, dt_bias = torch.randn(hv, generator=g), torch.randn(hv, generator=g).to(dtype)
+    pool = torch.randn(8, hv, dk, dv, generator=g)
+    idx, has = torch.tensor([6, 0, 3, 7, 1]), torch.tensor([True, False, True, True, False])
+    exports = torch.tensor([1, 3])
+    pooled = dict(state_indices=idx, has_initial_state=has, export_token_ids=exports)
+    want_pool = pool.clone()
+    want, want_exported = gdr_naive.decode_gated_delta_rule_in_place(
+        q, k, v, a, b, a_log, dt_bias, state_pool=want_pool, use_qk_l2norm_in_kernel=True, **pooled
+    )
+    got_pool = pool.to(DEV)
+    on_dev = {key: x.to(DEV) for key, x in pooled.items()}
+    got, got_exported = decode_gated_delta_rule_in_place(
+        q.to(DEV), k.to(DEV), v.to(DEV), a.to(DEV), b.to(DEV), a_log.to(DEV), dt_bias.to(DEV),
+        state_pool=got_pool, use_qk_l2norm_in_kernel=True, **on_dev,
+    )  # fmt: skip
+    assert got.shape == (1, n, hv, dv) and got.dtype == dtype
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.cpu().float(), want.float(), rtol=tol, atol=tol)
+    # fp32 states; with bf16 inputs the oracle rounds its intermediates to bf16, the kernel does not
+    torch.testing.assert_close(got_pool.cpu(), want_pool, rtol=tol, atol=tol)
+    torch.testing.assert_close(got_exported.cpu(), want_exported, rtol=tol, atol=tol)
+    untouched = [s for s in range(8) if s not in idx.tolist()]
+    assert torch.equal(got_pool[untouched].cpu(), pool[untouched])
+    with pytest.raises(ValueError, match="decode shapes"):
+        decode_gated_delta_rule_in_place(
+            q.to(DEV), k.to(DEV), v.to(DEV), a[:, :-1].to(DEV), b.to(DEV), a_log.to(DEV), dt_bias.to(DEV),
+            state_pool=got_pool, **on_dev,
+        )  # fmt: skip
