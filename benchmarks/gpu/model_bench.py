@@ -163,6 +163,18 @@ def bench_export(model_dir: Path, n: int, out: dict) -> None:
     torch.cuda.empty_cache()
 
 
+def read_weight_bytes(model: torch.nn.Module, batch: int) -> int:
+    """The weight bytes one decode step reads: every parameter once, except an untied embedding table, of
+    which it reads one row per sequence (a tied one is read in full by the logits)."""
+    tied = model.spec.tie_word_embeddings
+    total = 0
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            rows = batch if isinstance(module, torch.nn.Embedding) and not tied else p.shape[0]
+            total += min(rows, p.shape[0]) * p[0].numel() * p.element_size()
+    return total
+
+
 def profile_replay(graph: torch.cuda.CUDAGraph, path: Path, replays: int = 5) -> float:
     """The kernels of a decode graph's replay (CUPTI traces the nodes of a graph): their table, by CUDA
     time, goes to `path`; returns the kernels per replay."""
@@ -246,7 +258,7 @@ def bench_decode(
             for seq in list(engine.scheduler.running):  # the replays above advanced their states: drop them
                 engine.abort(seq.request_id)
             spec = engine.spec
-            weights = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+            weights = read_weight_bytes(engine.model, b)
             kv = kv_bytes_per_block(spec, 1, engine.dtype) * (context + 40) * b
             states = 2 * state_bytes_per_slot(spec, engine.dtype) * b
             floor = (weights + kv + states) / copy_rate  # copy_rate: bytes moved (read + written) per second
