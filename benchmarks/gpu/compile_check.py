@@ -17,7 +17,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from flashstate.ops.activation.triton import _silu_mul_kernel
+from flashstate.ops.activation.triton import _sigmoid_mul_kernel, _silu_mul_kernel
 from flashstate.ops.attention.triton import _merge_splits_kernel, _paged_attention_kernel
 from flashstate.ops.gated_delta_rule.decode_triton import BV as GDN_BV
 from flashstate.ops.gated_delta_rule.decode_triton import _gdn_decode_kernel
@@ -183,6 +183,8 @@ def main() -> None:
         build(_rotary_kernel, dict(x="*bf16", cos="*bf16", sin="*bf16"), dict(BHALF=32, BH=16), num_warps=4)
     )
     ok.append(build(_silu_mul_kernel, dict(gate_up="*bf16", out="*bf16"), dict(BLOCK=1024), num_warps=4))
+    gated = dict(x="*bf16", gate="*bf16", out="*bf16")
+    ok.append(build(_sigmoid_mul_kernel, gated, dict(BLOCK=256), num_warps=2))
     gating = dict(a="*bf16", b="*bf16", A_log="*fp32", dt_bias="*bf16", g="*fp32", beta="*bf16")
     for bt in (1, 64):  # a one-token decode row, a prefill tile
         ok.append(build(_gdn_gating_kernel, gating, dict(BT=bt, BH=32), num_warps=4))

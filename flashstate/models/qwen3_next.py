@@ -18,7 +18,7 @@ from flashstate.layers.metadata import ForwardMetadata
 from flashstate.layers.stacked_linear import StackedLinears
 from flashstate.models.base import AttentionMixer, HybridForCausalLM, LinearMixer
 from flashstate.models.spec import AttentionSpec, LinearSpec, ModelSpec, MoeSpec, UnsupportedModelError
-from flashstate.ops.activation import silu_mul
+from flashstate.ops.activation import sigmoid_mul, silu_mul
 from flashstate.ops.attention import paged_attention, store_kv
 from flashstate.ops.backend import dense_on_cpu
 from flashstate.ops.gated_delta_rule import chunk_gated_delta_rule, decode_gated_delta_rule_in_place
@@ -110,8 +110,11 @@ class RotaryEmbedding(nn.Module):
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-class Qwen3NextAttention(AttentionMixer):
-    """GQA with per-head q/k RMSNorm, partial rotary, and a sigmoid output gate emitted by q_proj."""
+class Qwen3NextAttention(StackedLinears, AttentionMixer):
+    """GQA with per-head q/k RMSNorm, partial rotary, and a sigmoid output gate emitted by q_proj. Without
+    biases, q/k/v_proj run as one GEMM; q and v are then strided views of its output."""
+
+    stacked_names = ("q_proj", "k_proj", "v_proj")
 
     def __init__(self, hidden: int, spec: AttentionSpec, eps: float):
         super().__init__()
@@ -126,18 +129,23 @@ class Qwen3NextAttention(AttentionMixer):
 
     def forward(self, x: Tensor, meta: ForwardMetadata, rope: tuple[Tensor, Tensor]) -> Tensor:
         t = x.shape[0]
+        if self.q_proj.bias is None:
+            widths = [2 * self.num_heads * self.head_dim] + [self.num_kv_heads * self.head_dim] * 2
+            qg, k, v = F.linear(x, self.stacked_weight()).split(widths, dim=-1)
+        else:
+            qg, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         # q_proj emits, per head, [query (head_dim) | gate (head_dim)]
-        q, gate = self.q_proj(x).view(t, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+        q, gate = qg.view(t, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
         q = self.q_norm(q)
-        k = self.k_norm(self.k_proj(x).view(t, self.num_kv_heads, self.head_dim))
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        k = self.k_norm(k.view(t, self.num_kv_heads, self.head_dim))
+        v = v.view(t, self.num_kv_heads, self.head_dim)
         q, k = apply_rotary_(q, *rope), apply_rotary_(k, *rope)  # q, k: the norms' fresh outputs
         store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         o = paged_attention(
             q, self.k_cache, self.v_cache, cu_seqlens=meta.cu_seqlens, context_lens=meta.context_lens,
             block_tables=meta.block_tables, scale=self.scale,
         )
-        o = o * torch.sigmoid(dense_on_cpu(gate))  # gate: a strided [T, H, D] view
+        o = sigmoid_mul(o, gate)  # gate: a strided [T, H, D] view
         return self.o_proj(o.reshape(t, -1))
 
 

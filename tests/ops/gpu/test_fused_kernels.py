@@ -140,6 +140,24 @@ def test_gdn_gating_matches_the_torch_form(dtype, t):
         gdn_gating(a, b[:, :-1], a_log, dt_bias)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sigmoid_gate_reads_the_strided_gate_in_place(dtype):
+    from flashstate.ops.activation.triton import sigmoid_mul
+
+    g = torch.Generator().manual_seed(2)
+    t, h, d = 7, 3, 40
+    qg = torch.randn(t, h, 2 * d, generator=g).to(DEV, dtype)  # per head [query | gate], as q_proj emits
+    gate = qg[..., d:]
+    x = torch.randn(t, h, d, generator=g).to(DEV, dtype)
+    got = sigmoid_mul(x, gate)
+    want = x.float() * torch.sigmoid(gate.float())
+    tol = dict(rtol=1e-6, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+    assert got.shape == (t, h, d) and got.dtype == dtype and got.is_contiguous()
+    torch.testing.assert_close(got.float(), want, **tol)
+    with pytest.raises(ValueError, match="one \\[T, H, D\\] shape"):
+        sigmoid_mul(x, gate[:, :, :-1])
+
+
 @pytest.mark.parametrize("splits", [None, [32, 32, 64]])
 @pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
 def test_conv_decode_batch_updates_the_slots_in_place_like_the_general_path(splits, pool_dtype):
