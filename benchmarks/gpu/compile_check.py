@@ -24,6 +24,7 @@ from flashstate.ops.gated_delta_rule.decode_triton import _gdn_decode_kernel
 from flashstate.ops.gdn_gating.triton import _gdn_gating_kernel
 from flashstate.ops.norm.triton import _rms_norm_kernel
 from flashstate.ops.pooled_triton import _export_kernel, _zero_fresh_kernel
+from flashstate.ops.qk_norm_rope.triton import _qk_norm_rope_store_kernel
 from flashstate.ops.rotary.triton import _rotary_kernel
 from flashstate.ops.short_conv.triton import _CONV_CONFIGS, _conv_kernel, _conv_update_kernel, _window_kernel
 from flashstate.ops.ssd.decode_triton import _ssd_decode_kernel
@@ -223,6 +224,10 @@ def main() -> None:
             scalars=dict(dt_lo="fp32", dt_hi="fp32"),
         )
     )
+    rows = ("q", "k", "v", "q_weight", "k_weight", "q_out", "k_cache", "v_cache", "cos", "sin")
+    prep = dict.fromkeys(rows, "*bf16") | {"slots": "*i64"}
+    constants = dict(BLOCK=256, BHALF=32, BLOCK_V=256)
+    ok.append(build(_qk_norm_rope_store_kernel, prep, constants, scalars=dict(eps="fp32", offset="fp32")))
     gdn = {n: "*bf16" for n in ("q", "k", "v", "a", "b", "dt_bias", "o")}
     gdn.update(A_log="*fp32", pool="*fp32", indices="*i64", has_initial="*i1")
     constants = dict(H=16, HV=32, K=128, V=128, BK=128, BV=GDN_BV, L2NORM=True)

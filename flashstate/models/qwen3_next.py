@@ -19,11 +19,11 @@ from flashstate.layers.stacked_linear import StackedLinears
 from flashstate.models.base import AttentionMixer, HybridForCausalLM, LinearMixer
 from flashstate.models.spec import AttentionSpec, LinearSpec, ModelSpec, MoeSpec, UnsupportedModelError
 from flashstate.ops.activation import sigmoid_mul, silu_mul
-from flashstate.ops.attention import paged_attention, store_kv
+from flashstate.ops.attention import paged_attention
 from flashstate.ops.backend import dense_on_cpu
 from flashstate.ops.gated_delta_rule import chunk_gated_delta_rule, decode_gated_delta_rule_in_place
 from flashstate.ops.gdn_gating import gdn_gating
-from flashstate.ops.rotary import apply_rotary_
+from flashstate.ops.qk_norm_rope import qk_norm_rope_store
 from flashstate.ops.short_conv import causal_conv1d
 
 
@@ -136,11 +136,12 @@ class Qwen3NextAttention(StackedLinears, AttentionMixer):
             qg, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         # q_proj emits, per head, [query (head_dim) | gate (head_dim)]
         q, gate = qg.view(t, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
-        q = self.q_norm(q)
-        k = self.k_norm(k.view(t, self.num_kv_heads, self.head_dim))
-        v = v.view(t, self.num_kv_heads, self.head_dim)
-        q, k = apply_rotary_(q, *rope), apply_rotary_(k, *rope)  # q, k: the norms' fresh outputs
-        store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+        kv_shape = (t, self.num_kv_heads, self.head_dim)
+        q = qk_norm_rope_store(
+            q, k.view(kv_shape), v.view(kv_shape), self.q_norm.weight, self.k_norm.weight,
+            eps=self.q_norm.eps, offset=1.0, cos=rope[0], sin=rope[1], k_cache=self.k_cache,
+            v_cache=self.v_cache, slot_mapping=meta.slot_mapping,
+        )  # fmt: skip
         o = paged_attention(
             q, self.k_cache, self.v_cache, cu_seqlens=meta.cu_seqlens, context_lens=meta.context_lens,
             block_tables=meta.block_tables, scale=self.scale,

@@ -228,3 +228,41 @@ def test_gdn_decode_with_gates_inside_updates_the_slots_like_the_gates_then_the_
             q.to(DEV), k.to(DEV), v.to(DEV), a[:, :-1].to(DEV), b.to(DEV), a_log.to(DEV), dt_bias.to(DEV),
             state_pool=got_pool, **on_dev,
         )  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rotary", [16, 48])
+def test_qk_norm_rope_store_matches_the_separate_forms(dtype, rotary):
+    from flashstate.ops.qk_norm_rope import naive as qk_naive
+    from flashstate.ops.qk_norm_rope.triton import qk_norm_rope_store
+
+    g = torch.Generator().manual_seed(rotary)
+    t, heads, kv_heads, d = 6, 4, 2, 48
+    qkv = torch.randn(t, 2 * heads * d + 2 * kv_heads * d, generator=g).to(dtype)  # the stacked GEMM's output
+    qg, k, v = qkv.split([2 * heads * d, kv_heads * d, kv_heads * d], dim=-1)
+    q = qg.view(t, heads, 2 * d)[..., :d]  # per head [query | gate]
+    k, v = k.view(t, kv_heads, d), v.view(t, kv_heads, d)
+    qw, kw = (torch.randn(d, generator=g) * 0.1).to(dtype), (torch.randn(d, generator=g) * 0.1).to(dtype)
+    angles = torch.rand(t, rotary // 2, generator=g) * 6
+    cos, sin = (f(torch.cat([angles, angles], dim=-1)).to(dtype) for f in (torch.cos, torch.sin))
+    caches = torch.randn(2, 5, 4, kv_heads, d, generator=g).to(dtype)  # k, v: [blocks, block_size, Hk, D]
+    slots = torch.tensor([3, 17, 0, 9, 10, 19])
+    args = dict(eps=1e-6, offset=1.0, cos=cos, sin=sin)
+    want_k, want_v = caches[0].clone(), caches[1].clone()
+    want = qk_naive.qk_norm_rope_store(
+        q, k, v, qw, kw, k_cache=want_k, v_cache=want_v, slot_mapping=slots, **args
+    )
+    got_k, got_v = caches[0].to(DEV), caches[1].to(DEV)
+    dev_args = {key: x.to(DEV) if isinstance(x, torch.Tensor) else x for key, x in args.items()}
+    got = qk_norm_rope_store(
+        q.to(DEV), k.to(DEV), v.to(DEV), qw.to(DEV), kw.to(DEV), k_cache=got_k, v_cache=got_v,
+        slot_mapping=slots.to(DEV), **dev_args,
+    )  # fmt: skip
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    assert got.shape == (t, heads, d) and got.is_contiguous()
+    torch.testing.assert_close(got.cpu(), want, **tol)
+    torch.testing.assert_close(got_k.cpu(), want_k, **tol)
+    assert torch.equal(got_v.cpu(), want_v)  # v is copied as it is; untouched slots stay
+    untouched = [s for s in range(20) if s not in slots.tolist()]
+    flat_k = got_k.cpu().view(20, kv_heads, d)
+    assert torch.equal(flat_k[untouched], caches[0].view(20, kv_heads, d)[untouched])
