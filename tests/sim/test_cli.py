@@ -64,6 +64,9 @@ def test_simulate_writes_bench_results(tmp_path, capsys):
     compare = json.loads((merged / "compare.json").read_text())
     assert compare["reference"] == "aligned" and compare["policies"] == ["vllm", "aligned"]
     assert "| token hit rate |" in (merged / "report.md").read_text()
+    # a run directory keeps its own order (compare.json's), not the file names'
+    assert main(["bench", "report", str(out), "--out", str(merged)]) == 0
+    assert json.loads((merged / "compare.json").read_text())["policies"] == ["flashstate", "vllm", "aligned"]
     capsys.readouterr()
     assert main(["bench", "report", str(out), str(out / "result-vllm.json"), "--out", str(merged)]) == 2
     assert "two results are labelled 'vllm'" in capsys.readouterr().err
