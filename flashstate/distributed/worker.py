@@ -83,7 +83,7 @@ def _serve(config: EngineConfig, model_dir: str, rank: int, port: int, conn: Con
                 inputs = DecodeInputs(
                     max_batch, width, config.block_size, caches.pad_block, caches.pad_slot, device
                 )
-                graphs = DecodeGraphs(model, inputs) if capture else None
+                graphs = DecodeGraphs(model, inputs, logits=False) if capture else None
                 if graphs is not None:
                     graphs.capture()
                 conn.send(("decode_ready",))

@@ -27,10 +27,12 @@ def capture_sizes(max_batch: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, model: HybridForCausalLM, inputs: DecodeInputs):
-        """The graphs read `inputs`' device buffers: prepare and upload the batch there before a replay."""
+    def __init__(self, model: HybridForCausalLM, inputs: DecodeInputs, logits: bool = True):
+        """The graphs read `inputs`' device buffers: prepare and upload the batch there before a replay.
+        Without `logits` (a tensor-parallel worker, which samples nothing) they stop at the hidden states."""
         self.model = model
         self.inputs = inputs
+        self.logits = logits
         self.sizes = capture_sizes(inputs.max_batch)
         self.max_batch = self.sizes[-1]
         self.device = inputs.device
@@ -40,7 +42,7 @@ class DecodeGraphs:
 
     def _forward(self, bs: int) -> Tensor:
         hidden = self.model(self.inputs.input_ids(bs), self.inputs.metadata(bs))
-        return self.model.compute_logits(hidden).float()
+        return self.model.compute_logits(hidden).float() if self.logits else hidden
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -69,7 +71,8 @@ class DecodeGraphs:
         return next(s for s in self.sizes if s >= max(batch_size, 1))
 
     def replay(self, n: int) -> Tensor:
-        """Replay the graph for n sequences whose inputs are uploaded → logits [n, V] (fp32)."""
+        """Replay the graph for n sequences whose inputs are uploaded → logits [n, V] (fp32), or the hidden
+        states without `logits`."""
         bs = self.padded(n)
         self._graphs[bs].replay()
         return self._logits[bs][:n]
