@@ -25,11 +25,15 @@ import os
 import random
 import sys
 import time
+from pathlib import Path
 
 import torch
 
-from flashstate import LLM, SamplingParams
-from flashstate.models.presets import preset_dir
+sys.path.insert(0, str(Path(__file__).parent))
+from engine_setup import profiled_step  # noqa: E402
+
+from flashstate import LLM, SamplingParams  # noqa: E402
+from flashstate.models.presets import preset_dir  # noqa: E402
 
 TINY = ["tiny", "tiny-nemotron-h", "tiny-kimi-linear"]
 
@@ -146,6 +150,11 @@ def throughput(
         llm.generate([prompt], one)
         _sync()
         prefill.append(time.perf_counter() - start)
+    if device != "cpu" and not eager:  # where rank 0's prefill step goes (NCCL waits show as all-reduce time)
+        llm.engine.add_request([rng.randrange(vocab) for _ in range(prefill_len)], one)
+        profiled_step(llm.engine, Path(os.environ.get("OUT", ".")) / f"profile_tp{tp}_prefill.txt")
+        while llm.engine.has_unfinished():
+            llm.engine.step()
     params = SamplingParams(temperature=0, max_tokens=decode_len, ignore_eos=True)
     decode = []
     for _ in range(3):
