@@ -159,26 +159,28 @@ def test_moonshot_dense_mlp_names_load_too(models, tmp_path):
         assert a.equal(b), name
 
 
-def test_expanded_attention_of_fresh_prompts_equals_the_latent_path(models):
-    # On CUDA a batch of fresh prompts expands K/V per head for fused SDPA; everything else attends over
-    # the cached latents with kv_b_proj absorbed. Both are the same function.
+def test_expanded_attention_equals_the_latent_path_fresh_and_over_a_cached_prefix(models):
+    # On CUDA a prefill of long spans expands each sequence's cached latents into per-head K/V for fused
+    # SDPA; everything else attends over the cached latents with kv_b_proj absorbed. The same function,
+    # for fresh prompts and for new tokens after a cached prefix.
     _, ours, _ = models
     seqs = _tokens([30, 17], seed=5)
     h = PagedHarness(ours)
     mla = next(m for m in ours.modules() if isinstance(m, MultiLatentAttention))
     calls = []
 
-    def both(q, c, k_rope, meta):
-        calls.append(1)
-        expanded = MultiLatentAttention.attend_expanded(mla, q, c, k_rope, meta)
+    def both(q, meta):
+        calls.append(meta.context_lens.tolist())
+        expanded = MultiLatentAttention.attend_expanded(mla, q, meta)
         latent = mla.attend_latent(q, meta)
-        assert rel_err(expanded, latent) < 1e-5
+        assert expanded.shape == latent.shape and rel_err(expanded, latent) < 1e-5
         return expanded
 
     mla.attend_expanded = both
     try:
-        with patch("flashstate.models.kimi_linear.fresh_prefill", return_value=True):
-            h.step(dict(enumerate(seqs)))
+        with patch("flashstate.models.kimi_linear.long_spans", return_value=True):
+            h.step({i: s[:11] for i, s in enumerate(seqs)})  # fresh prompts
+            h.step({i: s[11:] for i, s in enumerate(seqs)})  # the rest, over the cached 11 tokens
     finally:
         del mla.attend_expanded
-    assert calls == [1]
+    assert calls == [[11, 11], [30, 17]]

@@ -25,6 +25,15 @@ def fresh_prefill(q: Tensor, cu_seqlens: Tensor, context_lens: Tensor) -> bool:
     return bool(((spans >= SDPA_MIN_SPAN) & (spans == context_lens)).all())
 
 
+def long_spans(q: Tensor, cu_seqlens: Tensor) -> bool:
+    """CUDA, and every span brings at least SDPA_MIN_SPAN new tokens (over a cached prefix or not): a
+    prefill batch that fused SDPA serves better than the paged kernel when K/V can be laid out per head
+    (MLA expands its latents). One host sync, for long batches only."""
+    if not q.is_cuda or q.shape[0] < SDPA_MIN_SPAN * (cu_seqlens.numel() - 1):
+        return False
+    return bool((cu_seqlens.diff() >= SDPA_MIN_SPAN).all())
+
+
 def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, **kwargs):
     """Same contract as naive.paged_attention."""
     fused_dims = max(q.shape[-1], v_cache.shape[-1]) <= SDPA_MAX_HEAD_DIM
@@ -33,12 +42,12 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, **kwargs):
     return backend("attention", "triton", q).paged_attention(q, k_cache, v_cache, **kwargs)
 
 
-def causal_attention(q: Tensor, k: Tensor, v: Tensor, *, cu_seqlens: Tensor, scale: float) -> Tensor:
-    """Causal attention within each span of contiguous q, k, v [T, H, D / Dv] (no cache): torch's SDPA
-    (fused on CUDA), one call per sequence. Returns [T, H, Dv]."""
-    from flashstate.ops.attention.sdpa import causal_attention as sdpa_causal
+def span_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float) -> Tensor:
+    """One sequence's new queries [L, H, D] over its whole context k [C, H, D], v [C, H, Dv] (no cache;
+    causal, the queries at the context's end): torch's SDPA, fused on CUDA. Returns [L, H, Dv]."""
+    from flashstate.ops.attention.sdpa import span_attention as sdpa_span
 
-    return sdpa_causal(q, k, v, cu_seqlens=cu_seqlens, scale=scale)
+    return sdpa_span(q, k, v, scale=scale)
 
 
 def store_kv(k: Tensor, *args, **kwargs):

@@ -79,12 +79,13 @@ def paged_attention(
     return outs[0].contiguous() if len(outs) == 1 else torch.cat(outs)
 
 
-def causal_attention(q: Tensor, k: Tensor, v: Tensor, *, cu_seqlens: Tensor, scale: float) -> Tensor:
-    """q, k: [T, H, D], v: [T, H, Dv], every span its own sequence from position 0 (fresh prompts)."""
-    bounds = cu_seqlens.tolist()
-    outs = []
-    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
-        qi, ki, vi = (x[start:end].transpose(0, 1)[None] for x in (q, k, v))
+def span_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float) -> Tensor:
+    """One sequence's L new queries [L, H, D] at the end of its context k [C, H, D], v [C, H, Dv] (C ≥ L,
+    causal: query i sits at position C − L + i) → [L, H, Dv]."""
+    qi, ki, vi = (x.transpose(0, 1)[None] for x in (q, k, v))
+    n, ctx = q.shape[0], k.shape[0]
+    if n == ctx:
         o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scale)
-        outs.append(o[0].transpose(0, 1))
-    return outs[0].contiguous() if len(outs) == 1 else torch.cat(outs)
+    else:
+        o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=causal_lower_right(n, ctx), scale=scale)
+    return o[0].transpose(0, 1)
