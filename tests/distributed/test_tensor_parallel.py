@@ -17,7 +17,6 @@ import torch
 from flashstate import LLM, SamplingParams
 from flashstate.distributed.shard_plan import TensorParallelError
 from flashstate.models.presets import preset_dir
-from tests.server.conftest import Server
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 ENGINE = dict(block_size=4, max_num_batched_tokens=16, prefill_cost_coefficients=(1e-5, 1e-8), max_num_seqs=8)
@@ -166,6 +165,8 @@ def _children(pid: int) -> list[int]:
 
 
 def test_server_exit_stops_the_workers(tmp_path):
+    from tests.server.conftest import Server  # the server's dependencies (the GPU machine has none)
+
     args = ["--served-model-name", "m", "--tensor-parallel-size", "2", "--kv-cache-memory-bytes", "32M"]
     args += ["--prefill-cost-coefficients", "1e-5", "1e-8"]
     server = Server(args, tmp_path / "log")
