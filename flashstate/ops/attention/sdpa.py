@@ -61,21 +61,17 @@ def paged_attention(
     for i, ctx in enumerate(context_lens.tolist()):
         start, end = bounds[i], bounds[i + 1]
         table = block_tables[i, : -(-ctx // block_size)]
-        k = k_cache[table].flatten(0, 1)[:ctx].to(q.dtype).transpose(0, 1)[None]  # [1, Hkv, ctx, D]
-        v = v_cache[table].flatten(0, 1)[:ctx].to(q.dtype).transpose(0, 1)[None]
-        qi = q[start:end].transpose(0, 1)[None]  # [1, Hq, L, D]
-        n = end - start
-        if n == ctx and (hkv == hq or gqa_in_kernel(qi, k, v, scale)):
-            o = F.scaled_dot_product_attention(qi, k, v, is_causal=True, scale=scale, enable_gqa=hkv != hq)
-        else:
-            if hkv != hq:
-                k, v = k.repeat_interleave(hq // hkv, dim=1), v.repeat_interleave(hq // hkv, dim=1)
-            if n == ctx:
-                o = F.scaled_dot_product_attention(qi, k, v, is_causal=True, scale=scale)
-            else:
-                mask = causal_lower_right(n, ctx)
-                o = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=scale)
-        outs.append(o[0].transpose(0, 1))  # [L, Hq, Dv]; dense when the kernel wrote in q's layout
+        k = k_cache[table].flatten(0, 1)[:ctx].to(q.dtype)  # [ctx, Hkv, D]
+        v = v_cache[table].flatten(0, 1)[:ctx].to(q.dtype)
+        qi = q[start:end]
+        heads = tuple(x.transpose(0, 1)[None] for x in (qi, k, v))  # [1, H, L / ctx, D]
+        if end - start == ctx and hkv != hq and gqa_in_kernel(*heads, scale):
+            o = F.scaled_dot_product_attention(*heads, is_causal=True, scale=scale, enable_gqa=True)
+            outs.append(o[0].transpose(0, 1))  # [L, Hq, Dv]; dense when the kernel wrote in q's layout
+            continue
+        if hkv != hq:
+            k, v = k.repeat_interleave(hq // hkv, dim=1), v.repeat_interleave(hq // hkv, dim=1)
+        outs.append(span_attention(qi, k, v, scale=scale))
     return outs[0].contiguous() if len(outs) == 1 else torch.cat(outs)
 
 
