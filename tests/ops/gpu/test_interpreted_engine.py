@@ -1,4 +1,4 @@
-"""The tiny Qwen3-Next model through the engine with our Triton kernels (run by Triton's interpreter on the
+"""Each family's tiny model through the engine with our Triton kernels (run by Triton's interpreter on the
 CPU) in place of the naive ops: the kernels wired into the model (views, strides, pools, the decode path)
 give the naive ops' greedy tokens, prefix hits and logits. FLA's kernels are not ours and stay naive.
 Needs `triton` (CI's CPU venv skips this file); on a GPU the engine's own runs cover this."""
@@ -29,7 +29,7 @@ OURS = {
 }
 
 
-def _generate(monkeypatch, kernels: bool):
+def _generate(monkeypatch, preset: str, kernels: bool):
     if kernels:
         for package in OURS:
             module = importlib.import_module(f"flashstate.ops.{package}")
@@ -42,7 +42,7 @@ def _generate(monkeypatch, kernels: bool):
 
             monkeypatch.setattr(module, "backend", choose)
     engine = dict(block_size=16, max_num_batched_tokens=64, max_num_seqs=4, async_scheduling=False)
-    with LLM(str(preset_dir("tiny")), prefill_cost_coefficients=(1e-5, 1e-8), **engine) as llm:
+    with LLM(str(preset_dir(preset)), prefill_cost_coefficients=(1e-5, 1e-8), **engine) as llm:
         logits = []
         llm.engine.runner.on_logits = lambda ids, rows: logits.append(rows.clone())
         prompts = [[(7 * i + j) % 1500 + 3 for i in range(40 + 13 * j)] for j in range(3)]
@@ -55,9 +55,10 @@ def _generate(monkeypatch, kernels: bool):
     return [o.token_ids for o in outs], [o.num_cached_tokens for o in second], logits
 
 
-def test_the_tiny_model_with_our_kernels_gives_the_naive_ops_tokens(monkeypatch):
-    want_tokens, want_hits, want_logits = _generate(monkeypatch, kernels=False)
-    tokens, hits, logits = _generate(monkeypatch, kernels=True)
+@pytest.mark.parametrize("preset", ["tiny", "tiny-nemotron-h", "tiny-kimi-linear"])
+def test_the_tiny_models_with_our_kernels_give_the_naive_ops_tokens(monkeypatch, preset):
+    want_tokens, want_hits, want_logits = _generate(monkeypatch, preset, kernels=False)
+    tokens, hits, logits = _generate(monkeypatch, preset, kernels=True)
     assert tokens == want_tokens
     assert hits == want_hits and all(h > 0 for h in hits)  # the second turns resume over cached prefixes
     assert len(logits) == len(want_logits)
