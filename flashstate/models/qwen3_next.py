@@ -23,6 +23,7 @@ from flashstate.ops.attention import paged_attention
 from flashstate.ops.backend import dense_on_cpu
 from flashstate.ops.gated_delta_rule import chunk_gated_delta_rule, decode_gated_delta_rule_in_place
 from flashstate.ops.gdn_gating import gdn_gating
+from flashstate.ops.norm.naive import rms_norm as naive_rms_norm
 from flashstate.ops.qk_norm_rope import qk_norm_rope_store
 from flashstate.ops.short_conv import causal_conv1d
 
@@ -45,9 +46,7 @@ class Qwen3NextRMSNorm(nn.Module):
             from flashstate.ops.norm.triton import rms_norm
 
             return rms_norm(x, self.weight, self.eps, offset=1.0)
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (h * (1.0 + self.weight.float())).to(x.dtype)
+        return naive_rms_norm(x, self.weight, self.eps, offset=1.0)
 
     def add_forward(self, x: Tensor, residual: Tensor | None) -> tuple[Tensor, Tensor]:
         """s = residual + x (x alone when residual is None) → (norm(s), s); one fused kernel on CUDA."""

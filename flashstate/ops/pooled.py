@@ -22,6 +22,14 @@ def scatter_states(state_pool: Tensor, state_indices: Tensor, states: Tensor) ->
     )
 
 
+def decode_exports(state_pool: Tensor, state_indices: Tensor, export_token_ids: Tensor | None) -> Tensor:
+    """After a one-token-per-sequence step that updated the pool in place: token e's export is its
+    sequence's new state, slot state_indices[e]. [E, *state]; empty without exports."""
+    if export_token_ids is None or export_token_ids.numel() == 0:
+        return state_pool.new_empty((0, *state_pool.shape[1:]))
+    return state_pool.index_select(0, state_indices.long()[export_token_ids.long()])
+
+
 def chunk_offsets(cu_seqlens: Tensor, chunk_size: int) -> Tensor:
     """[N + 1]: index of each sequence's first chunk in the flat chunk list (chunks restart per sequence)."""
     lengths = cu_seqlens[1:] - cu_seqlens[:-1]

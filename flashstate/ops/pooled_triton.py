@@ -8,6 +8,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from flashstate.ops.pooled import decode_exports
+
 
 @triton.jit
 def _zero_fresh_kernel(pool, indices, has_initial, slot_stride, slot_numel, BLOCK: tl.constexpr):
@@ -72,11 +74,7 @@ def decode_delta_rule_in_place(
         ssm_state_indices=state_indices.to(torch.int64),
         use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
     )
-    if export_token_ids is None or export_token_ids.numel() == 0:
-        exported = state_pool.new_empty((0, *state_pool.shape[1:]))
-    else:
-        exported = state_pool.index_select(0, state_indices.long()[export_token_ids.long()])
-    return o.reshape(v.shape), exported
+    return o.reshape(v.shape), decode_exports(state_pool, state_indices, export_token_ids)
 
 
 @triton.jit

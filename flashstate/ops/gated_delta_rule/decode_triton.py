@@ -16,6 +16,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from flashstate.ops.pooled import decode_exports
+from flashstate.ops.triton_math import softplus
+
 BV = 32  # value columns per program
 
 
@@ -62,8 +65,7 @@ def _gdn_decode_kernel(
     qv = qv * scale
 
     x = tl.load(a + i * stride_a_t + hv).to(tl.float32) + tl.load(dt_bias + hv).to(tl.float32)
-    softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))
-    decay = tl.exp(-tl.exp(tl.load(A_log + hv).to(tl.float32)) * softplus)
+    decay = tl.exp(-tl.exp(tl.load(A_log + hv).to(tl.float32)) * softplus(x))
     bv = tl.load(b + i * stride_b_t + hv)
     beta = tl.sigmoid(bv.to(tl.float32)).to(bv.dtype).to(tl.float32)
 
@@ -124,8 +126,4 @@ def decode_gated_delta_rule_in_place(
             b0.stride(0), H=heads, HV=hv, K=dk, V=dv, BK=triton.next_power_of_2(dk), BV=BV,
             L2NORM=use_qk_l2norm_in_kernel, num_warps=4,
         )  # fmt: skip
-    if export_token_ids is None or export_token_ids.numel() == 0:
-        exported = state_pool.new_empty((0, *state_pool.shape[1:]))
-    else:
-        exported = state_pool.index_select(0, idx.long()[export_token_ids.long()])
-    return o, exported
+    return o, decode_exports(state_pool, idx, export_token_ids)

@@ -9,6 +9,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from flashstate.ops.triton_math import softplus
+
 
 @triton.jit
 def _gdn_gating_kernel(
@@ -33,9 +35,8 @@ def _gdn_gating_kernel(
     bv = tl.load(b + t[:, None] * stride_b + h[None, :], mask=m, other=0.0).to(tl.float32)
     decay = tl.exp(tl.load(A_log + h, mask=h_ok, other=0.0).to(tl.float32))
     x = av + tl.load(dt_bias + h, mask=h_ok, other=0.0).to(tl.float32)[None, :]
-    softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))
     out = t[:, None] * HV + h[None, :]
-    tl.store(g + out, -decay[None, :] * softplus, mask=m)
+    tl.store(g + out, -decay[None, :] * softplus(x), mask=m)
     tl.store(beta + out, tl.sigmoid(bv).to(beta.dtype.element_ty), mask=m)
 
 

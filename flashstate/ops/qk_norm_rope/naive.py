@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from flashstate.ops.attention.naive import store_kv
+from flashstate.ops.norm.naive import rms_norm
 from flashstate.ops.rotary.naive import apply_rotary_
-
-
-def rms_norm(x: Tensor, weight: Tensor, eps: float, offset: float) -> Tensor:
-    """x / rms(x) · (offset + w) over the last dim, in fp32, cast back to x's dtype."""
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return (h * (offset + weight.float())).to(x.dtype)
 
 
 def qk_norm_rope_store(

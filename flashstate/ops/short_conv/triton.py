@@ -16,6 +16,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from flashstate.ops.pooled import decode_exports
+
 # Tokens per tile, channels per tile and warps, tuned per shape on the card (a 32k prefill spent ~5× the
 # conv's memory time with one fixed 32 × 128 tile, then ~4× with the token tile tuned alone); `t_bucket`
 # (log2 of the token count) lets short and long batches differ. A channel tile must divide every inner
@@ -307,9 +309,7 @@ def causal_conv1d(
             K=kernel, KP=triton.next_power_of_2(width), HAS_BIAS=bias is not None,
             SILU=activation == "silu", BD=bd_update,
         )  # fmt: skip
-        if e is not None:  # token e is sequence e: its export is the slot's new window
-            exported = conv_state_pool.index_select(0, idx[e])
-        return _parts(flat, t_total, dim, out_splits), exported
+        return _parts(flat, t_total, dim, out_splits), decode_exports(conv_state_pool, idx, e)
     seq_of_token = torch.searchsorted(cu, torch.arange(t_total, device=x.device), right=True) - 1
     if t_total:
         grid = lambda meta: (triton.cdiv(t_total, meta["BT"]), triton.cdiv(dim, meta["BD"]))  # noqa: E731

@@ -11,6 +11,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from flashstate.ops.triton_math import softplus
+
 
 @triton.jit
 def _ssd_decode_kernel(
@@ -55,7 +57,7 @@ def _ssd_decode_kernel(
     if HAS_BIAS:
         d += tl.load(dt_bias + h).to(tl.float32)
     if SOFTPLUS:
-        d = tl.where(d > 20.0, d, tl.log(1.0 + tl.exp(d)))
+        d = softplus(d)
     d = tl.minimum(tl.maximum(d, dt_lo), dt_hi)
     decay = tl.exp(d * tl.load(A + h).to(tl.float32))
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from flashstate.ops.fla_chunked import FLA_CHUNK, export_and_scatter, varlen_setup
+from flashstate.ops.pooled import decode_exports
 from flashstate.ops.ssd.decode_triton import ssd_decode_in_place
 from flashstate.ops.ssd.naive import _delta
 
@@ -114,8 +115,4 @@ def fused_recurrent_ssd(
             x, dt, A, B, C, D, cu_seqlens=cu_seqlens, export_token_ids=export_token_ids, **kwargs
         )
     y = ssd_decode_in_place(x, dt, A, B, C, D, **kwargs)
-    if export_token_ids is None or export_token_ids.numel() == 0:
-        exported = state_pool.new_empty((0, *state_pool.shape[1:]))
-    else:
-        exported = state_pool.index_select(0, state_indices.long()[export_token_ids.long()])
-    return y, exported
+    return y, decode_exports(state_pool, state_indices, export_token_ids)
