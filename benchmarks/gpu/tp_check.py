@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import gc
 import json
 import os
@@ -86,6 +87,7 @@ def check_exactness(presets: list[str], tp: int, device: str, turn_tokens: int) 
                 time.perf_counter() - start,
             )
             _close(llm)
+            _progress(f"{preset} TP={n}", f"engine and workload in {time.perf_counter() - start:.0f} s")
         tokens_1, logprobs_1, cached_1, _ = result[1]
         tokens_n, logprobs_n, cached_n, _ = result[tp]
         first = [
@@ -119,6 +121,10 @@ def check_exactness(presets: list[str], tp: int, device: str, turn_tokens: int) 
     return rows
 
 
+def _progress(label: str, what: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {label}: {what}", file=sys.stderr, flush=True)
+
+
 def _sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -127,6 +133,8 @@ def _sync() -> None:
 def throughput(
     preset: str, tp: int, eager: bool, device: str, prefill_len: int, batch: int, decode_len: int
 ) -> dict:
+    label = f"TP={tp}{' enforce_eager' if eager else ''}"
+    began = time.perf_counter()
     llm = _engine(
         preset,
         tp,
@@ -139,6 +147,7 @@ def throughput(
         kv_cache_memory_bytes=(8 << 30) if device != "cpu" else (256 << 20),
     )
     graphs = llm.engine.runner.graphs is not None
+    _progress(label, f"engine started in {time.perf_counter() - began:.0f} s (decode graphs: {graphs})")
     vocab = llm.engine.spec.vocab_size
     rng = random.Random(0)
     one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
@@ -150,11 +159,7 @@ def throughput(
         llm.generate([prompt], one)
         _sync()
         prefill.append(time.perf_counter() - start)
-    if device != "cpu" and not eager:  # where rank 0's prefill step goes (NCCL waits show as all-reduce time)
-        llm.engine.add_request([rng.randrange(vocab) for _ in range(prefill_len)], one)
-        profiled_step(llm.engine, Path(os.environ.get("OUT", ".")) / f"profile_tp{tp}_prefill.txt")
-        while llm.engine.has_unfinished():
-            llm.engine.step()
+    _progress(label, f"prefill {prefill_len} tokens: {min(prefill[1:]) * 1e3:.1f} ms")
     params = SamplingParams(temperature=0, max_tokens=decode_len, ignore_eos=True)
     decode = []
     for _ in range(3):
@@ -162,7 +167,14 @@ def throughput(
         begin = max(o.stats.first_token_time for o in outs)
         end = max(o.stats.finished_time for o in outs)
         decode.append(batch * (decode_len - 1) / (end - begin))
+        _progress(label, f"decode batch {batch}: {decode[-1]:,.0f} tok/s")
+    if device != "cpu" and not eager:  # where rank 0's prefill step goes (NCCL waits show as all-reduce time)
+        llm.engine.add_request([rng.randrange(vocab) for _ in range(prefill_len)], one)
+        profiled_step(llm.engine, Path(os.environ.get("OUT", ".")) / f"profile_tp{tp}_prefill.txt")
+        while llm.engine.has_unfinished():
+            llm.engine.step()
     _close(llm)
+    _progress(label, "closed")
     best_prefill = min(prefill[1:])
     return {
         "tp": tp,
@@ -176,6 +188,13 @@ def throughput(
     }
 
 
+def _save(out: dict, only: str | None) -> None:
+    folder = os.environ.get("OUT", ".")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, f"tp_check{'_' + only if only else ''}.json"), "w") as f:
+        json.dump(out, f, indent=1)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda")
@@ -187,6 +206,12 @@ def main() -> None:
         "--ieee",
         action="store_true",
         help="fp32 Triton dots in IEEE precision, not TF32 (TRITON_F32_DEFAULT=ieee; every rank inherits it)",
+    )
+    p.add_argument(
+        "--stack-dump-s",
+        type=float,
+        default=0,
+        help="every rank writes its Python stacks to stderr at this interval (finding a stuck collective)",
     )
     args = p.parse_args()
     if args.ieee:
@@ -206,17 +231,21 @@ def main() -> None:
         "ieee": args.ieee,
         "small": args.small,
     }
+    if args.stack_dump_s:  # every rank (the workers inherit the variable) dumps its stacks when stuck
+        os.environ["FLASHSTATE_STACK_DUMP_S"] = str(args.stack_dump_s)
+        faulthandler.dump_traceback_later(args.stack_dump_s, repeat=True)
     if args.only != "throughput":
         out["exactness"] = check_exactness(presets, args.tp, args.device, 40 if args.small else 300)
     bench = ("tiny", 512, 4, 16) if args.small else ("qwen3-next-2b", 8192, 16, 64)
     if args.only != "exactness":
         out["throughput_preset"] = bench[0]
-        runs = [(1, False), (args.tp, False), (args.tp, True)]
-        out["throughput"] = [throughput(bench[0], n, eager, args.device, *bench[1:]) for n, eager in runs]
-    folder = os.environ.get("OUT", ".")
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, f"tp_check{'_' + args.only if args.only else ''}.json"), "w") as f:
-        json.dump(out, f, indent=1)
+        out["throughput"] = []
+        # TP=N with graphs last: a run cut short (or stuck) keeps the rows before it
+        for n, eager in [(1, False), (args.tp, True), (args.tp, False)]:
+            out["throughput"].append(throughput(bench[0], n, eager, args.device, *bench[1:]))
+            print(json.dumps(out["throughput"][-1]), flush=True)
+            _save(out, args.only)
+    _save(out, args.only)
     print(f"\n{out['device']}, torch {out['torch']}, {bench[0]}")
     print("| check | result |\n|---|---|")
     for row in out.get("exactness", []):

@@ -14,6 +14,7 @@ The worker exits when the pipe closes (rank 0 died) and reports any failure as (
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import pickle
 import traceback
@@ -35,6 +36,7 @@ from flashstate.distributed.shard_plan import Shard
 
 def run_worker(config: EngineConfig, model_dir: str, rank: int, port: int, conn: Connection) -> None:
     disable_nvls()
+    dump_stacks_when_stuck()
     try:
         _serve(config, model_dir, rank, port, conn)
     except (EOFError, BrokenPipeError, ConnectionResetError):
@@ -43,6 +45,14 @@ def run_worker(config: EngineConfig, model_dir: str, rank: int, port: int, conn:
         with contextlib.suppress(OSError):
             conn.send(("error", f"tensor-parallel rank {rank}: {traceback.format_exc()}"))
         os._exit(1)
+
+
+def dump_stacks_when_stuck() -> None:
+    """With FLASHSTATE_STACK_DUMP_S=<seconds> in the environment, this process writes every thread's Python
+    stack to stderr at that interval: a rank stuck in a collective shows where (a debugging aid)."""
+    seconds = float(os.environ.get("FLASHSTATE_STACK_DUMP_S", "0") or 0)
+    if seconds > 0:
+        faulthandler.dump_traceback_later(seconds, repeat=True)
 
 
 def _serve(config: EngineConfig, model_dir: str, rank: int, port: int, conn: Connection) -> None:

@@ -83,35 +83,35 @@ def _conv_kernel(
     acc = tl.zeros([BT, BD], dtype=tl.float32)
     if HAS_BIAS:
         acc += tl.load(bias + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
-    # Every tile first takes all K taps from x in straight-line code, so the K loads go out at once and do
-    # not wait for the metadata above. A tile that reaches into a pool slot (rare) then swaps, for each
-    # tap before its sequence's start, the row of the previous sequence it read for the slot's value.
-    for j in tl.static_range(K):
-        row = t - (K - 1) + j
-        xm = (t_ok & (row >= 0))[:, None] & d_ok[None, :]
-        xr = tl.load(x + row.to(tl.int64)[:, None] * stride_x_t + d[None, :], mask=xm, other=0.0)
-        wr = tl.load(weight + d * K + j, mask=d_ok, other=0.0).to(tl.float32)
-        acc += xr.to(tl.float32) * wr[None, :]
+    # two copies of the tap loop: a branch inside it would keep each tap's load waiting for the previous
+    # tap's product, while the straight-line common copy issues all K loads at once
     if reaches_pool:
-        slot = tl.load(indices + seq, mask=t_ok, other=0).to(tl.int64)
-        has = tl.load(has_initial + seq, mask=t_ok, other=0) != 0
         for j in tl.static_range(K):
             row = t - (K - 1) + j
+            xm = (t_ok & (row >= 0))[:, None] & d_ok[None, :]
+            xv = tl.load(x + row.to(tl.int64)[:, None] * stride_x_t + d[None, :], mask=xm, other=0.0)
             pos = local - (K - 1) + j
-            before = t_ok & (pos < 0)
-            xv = tl.load(
-                x + row.to(tl.int64)[:, None] * stride_x_t + d[None, :],
-                mask=(before & (row >= 0))[:, None] & d_ok[None, :],
-                other=0.0,
-            )
+            in_x = pos >= 0
+            slot = tl.load(indices + seq, mask=t_ok, other=0).to(tl.int64)
+            has = tl.load(has_initial + seq, mask=t_ok, other=0) != 0
+            sm = (t_ok & ~in_x & has)[:, None] & d_ok[None, :]
             col = tl.maximum(K - 1 + pos, 0)
             sv = tl.load(
                 pool + slot[:, None] * stride_pool_s + d[None, :] * stride_pool_d + col[:, None],
-                mask=(before & has)[:, None] & d_ok[None, :],
+                mask=sm,
                 other=0.0,
             )
+            # a row of the previous sequence was read from x: the pool's value replaces it
+            xv = tl.where(in_x[:, None], xv.to(tl.float32), sv.to(tl.float32))
             w = tl.load(weight + d * K + j, mask=d_ok, other=0.0).to(tl.float32)
-            acc += (sv.to(tl.float32) - xv.to(tl.float32)) * w[None, :]
+            acc += xv * w[None, :]
+    else:
+        for j in tl.static_range(K):
+            row = t - (K - 1) + j
+            xm = t_ok[:, None] & d_ok[None, :]
+            xr = tl.load(x + row.to(tl.int64)[:, None] * stride_x_t + d[None, :], mask=xm, other=0.0)
+            wr = tl.load(weight + d * K + j, mask=d_ok, other=0.0).to(tl.float32)
+            acc += xr.to(tl.float32) * wr[None, :]
     if SILU:
         acc = acc * tl.sigmoid(acc)
     # y holds channels [lo, hi) of this tile's part as its own contiguous [T, hi - lo] block at T · lo;
