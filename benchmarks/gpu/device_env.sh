@@ -4,11 +4,12 @@
 #
 #   run(carry=[".whl", ".traces", ".tcache.tar.gz"]):
 #     source benchmarks/gpu/device_env.sh && ...; save_triton_cache
-#   back here: cp <files_at>/tcache.tar.gz .tcache.tar.gz    # the next run carries it
+#   back here: cat <files_at>/tcache.tar.gz.* > .tcache.tar.gz    # the next run carries it
 #
 # Only the kernels' binaries and metadata are kept (Triton finds a kernel by those; its IR text is
-# dropped), so the archive stays within the carry limit. A stale archive costs nothing: kernels whose
-# source changed miss and compile as before.
+# dropped), so the archive stays within the carry limit. It comes back in parts of at most 15 MiB (a file
+# from $OUT may not exceed 16 MiB). A stale archive costs nothing: kernels whose source changed miss and
+# compile as before.
 
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   .whl/*.whl || return 1
@@ -21,6 +22,6 @@ fi
 save_triton_cache() {
   [ -d .tcache ] || return 0
   (cd .tcache && find . -type f \( -name '*.cubin' -o -name '*.json' \) -print0 \
-    | tar --null -czf "${OUT:-.}/tcache.tar.gz" --transform 's,^\./,.tcache/,' -T -)
-  echo "device_env: $(du -h "${OUT:-.}/tcache.tar.gz" | cut -f1) of Triton cache in \$OUT/tcache.tar.gz"
+    | tar --null -cz --transform 's,^\./,.tcache/,' -T - | split -b 15M -d -a 2 - "${OUT:-.}/tcache.tar.gz.")
+  echo "device_env: $(cat "${OUT:-.}"/tcache.tar.gz.* | wc -c) bytes of Triton cache in \$OUT/tcache.tar.gz.*"
 }
