@@ -139,8 +139,33 @@ def time_recurrent() -> None:
                 use_qk_l2norm_in_kernel=True,
             )
         )
+        # the model's decode step: the gates, the in-place pooled state update and the output in one kernel
+        ga, gb = (torch.randn(batch, hv, device=DEV, dtype=BF16) for _ in range(2))
+        a_log, gbias = torch.randn(hv, device=DEV), torch.randn(hv, device=DEV)
+        fused = ms(
+            lambda: gated_delta_rule.decode_gated_delta_rule_in_place(
+                dq,
+                dk,
+                dv,
+                ga,
+                gb,
+                a_log,
+                gbias,
+                state_pool=dpool,
+                state_indices=didx,
+                has_initial_state=dhas,
+                use_qk_l2norm_in_kernel=True,
+            )
+        )
         state_bytes = 2 * batch * hv * d * d * 4
-        record("time", f"gdn.decode.b{batch}_hv32_d128", ms=dec, state_gb_per_s=state_bytes / dec / 1e6)
+        record(
+            "time",
+            f"gdn.decode.b{batch}_hv32_d128",
+            ms=dec,
+            state_gb_per_s=state_bytes / dec / 1e6,
+            fused_in_place_ms=fused,
+            fused_state_gb_per_s=state_bytes / fused / 1e6,
+        )
         sp = torch.randn(batch * 2, hs, p, n_state, device=DEV) * 0.1
         sx = torch.randn(1, batch, hs, p, device=DEV, dtype=BF16)
         sdt = torch.randn(1, batch, hs, device=DEV, dtype=BF16)
