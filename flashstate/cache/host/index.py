@@ -68,12 +68,19 @@ class HostIndex:
         (not ready); False, with nothing indexed, when they cannot fit."""
         new = [k for k in chunk_keys if k not in self.chunks]
         need = state_bytes + len(new) * chunk_bytes
-        if need > self.capacity or not self.make_room(need, self.clock + self._saved(depth) / need):
+        if need > self.capacity:
+            return False
+        # The newcomer's references to the chunks it shares are taken before room is made: evicting a
+        # state that holds them must not drop them (the caller writes only `new`).
+        shared = [k for k in chunk_keys if k in self.chunks]
+        for k in shared:
+            self.chunks[k].refs += 1
+        if not self.make_room(need, self.clock + self._saved(depth) / need):
+            for k in shared:
+                self._unref(k)
             return False
         for k in new:
-            self.chunks[k] = Chunk(chunk_bytes)
-        for k in chunk_keys:
-            self.chunks[k].refs += 1
+            self.chunks[k] = Chunk(chunk_bytes, refs=1)
         state = IndexedState(key, depth, base, chunk_keys, state_bytes, self.clock)
         self.states[key] = state
         self._by_base.setdefault(base, []).append(state)
@@ -110,12 +117,16 @@ class HostIndex:
         self.used -= state.nbytes
         self._on_remove(state.key)
         for k in state.chunks:
-            chunk = self.chunks[k]
-            chunk.refs -= 1
-            if chunk.refs == 0:
-                del self.chunks[k]
-                self.used -= chunk.nbytes
-                self._on_remove(k)
+            self._unref(k)
+
+    def _unref(self, key: str) -> None:
+        """Drop one reference to the chunk `key`; the last one removes it."""
+        chunk = self.chunks[key]
+        chunk.refs -= 1
+        if chunk.refs == 0:
+            del self.chunks[key]
+            self.used -= chunk.nbytes
+            self._on_remove(key)
 
     def forget_object(self, key: str) -> None:
         """A chunk or state object is gone or bad: every state that needs it leaves the index."""
