@@ -17,8 +17,11 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
+
 from flashstate.cache.block_pool import BlockPool
 from flashstate.cache.cost import PrefillCost
+from flashstate.cache.host.build import DEFAULT_HOST_CACHE_BYTES, MOONCAKE_FILL
 from flashstate.cache.manager import CacheManager
 from flashstate.cache.memory_plan import CachePlan, plan_cache, vllm_page_pool
 from flashstate.cache.policy import build_policy
@@ -29,6 +32,7 @@ from flashstate.engine.sequence import RequestStats, Sequence
 from flashstate.engine.step_trace import step_shape
 from flashstate.models.spec import DTYPES, ModelSpec
 from flashstate.sampling_params import SamplingParams
+from flashstate.sim.host import SimHostTier
 from flashstate.sim.profile import DecodeModel
 
 
@@ -60,6 +64,19 @@ def step_seconds(batch: ScheduledBatch, prefill: PrefillCost, decode: DecodeMode
     return seconds + decode(decodes, context)
 
 
+def host_tier(
+    config: EngineConfig, spec: ModelSpec, dtype: torch.dtype, cost: PrefillCost, clock: Callable[[], float]
+) -> SimHostTier | None:
+    """The host tier the config asks for, with build.py's capacity rules (Mooncake keeps below its fill)."""
+    kind = config.host_tier
+    if kind is None:
+        return None
+    capacity = config.host_cache_bytes or DEFAULT_HOST_CACHE_BYTES
+    if kind == "mooncake":
+        capacity = int(capacity * MOONCAKE_FILL)
+    return SimHostTier(spec, dtype, config.block_size, capacity, cost, clock)
+
+
 class SimEngine:
     def __init__(
         self,
@@ -80,6 +97,7 @@ class SimEngine:
         cost = prefill
         if config.prefill_cost_coefficients is not None:
             cost = PrefillCost(*config.prefill_cost_coefficients, source="given")
+        self.host = host_tier(config, spec, torch_dtype, cost, clock)
         self.cache = CacheManager(
             BlockPool(self.plan.num_blocks, config.block_size),
             StatePool(self.plan.num_slots),
@@ -87,6 +105,7 @@ class SimEngine:
             max_checkpoints=self.plan.num_slots - self.plan.num_working_slots,
             copy_block=lambda src, dst: None,
             clock=clock,
+            host=self.host,
             pages=vllm_page_pool(self.plan, config, spec, torch_dtype),
             byte_budget=self.plan.shared_bytes,
         )
@@ -122,6 +141,10 @@ class SimEngine:
         self._requests[id(seq)] = SimRequest(seq, on_first_token, on_finish, random.Random(seed))
         return seq
 
+    def next_restore(self) -> float | None:
+        """When the first host restore in flight lands (None: none is)."""
+        return min((s.restore.ready_at for s in self.scheduler.restoring), default=None)
+
     @property
     def has_work(self) -> bool:
         return self.scheduler.num_unfinished > 0
@@ -142,12 +165,14 @@ class SimEngine:
         """Run k > 1 pure decode steps at once when they are exactly what k `start_step`s would do: nothing
         waits (no admission attempt could stamp the cache), every running sequence decodes, none reaches
         its last token, the KV blocks for all k tokens are free (no eviction, no preemption), and the k
-        steps end within `max_seconds` (before any other event). Returns (k, seconds), or None."""
+        steps end within `max_seconds` (before any other event), and no host restore is in flight. Returns
+        (k, seconds), or None."""
         sched = self.scheduler
         running = sched.running
         if (
             not self.decode_runs
             or sched.waiting
+            or sched.restoring  # each step polls the restores: a run would land them late
             or not running
             or len(running) > sched.max_num_batched_tokens
         ):

@@ -1,7 +1,8 @@
 """Hardware profiles: one JSON file per (device, model) — memory, engine flags and the performance model.
 
     {"schema": "flashstate.sim.profile/1", "name", "device", "model": preset name or HF model directory,
-     "dtype", "memory": {"cache_bytes": KV + state budget, "host_bytes": host tier (not simulated yet)},
+     "dtype", "memory": {"cache_bytes": KV + state budget, "host_bytes": host memory, recorded (the
+                simulated host tier is sized by --host-cache-bytes)},
      "engine_args": ["--max-num-seqs", "64", ...]   `flashstate serve` flags, before --serve-args,
      "prefill": {"a", "b", "points": [[tokens, seconds], ...]}   C(n) = a·n + b·n²; a, b fitted from the
                 points when absent,

@@ -109,6 +109,10 @@ class SimReplay:
                 self._tick(e)
 
             self.loop.at(self.loop.now + seconds, done)
+            return
+        landing = engine.next_restore()
+        if landing is not None:  # idle until a host restore lands
+            self.loop.at(landing, lambda: self._tick(e))
 
     # ---- agents ---------------------------------------------------------------------------------
 

@@ -1,0 +1,121 @@
+"""SimHostTier: the host tier in the simulator. The real index (Greedy-Dual-Size over whole states, chunks
+shared between states) and the real layout decide what the store holds and what a prompt can restore; the
+bytes are counted, not copied, and time comes from measured rates.
+
+    write_back(tokens, depth, …)     at a request's end: the state (and the chunks the store lacks) is
+                                     admitted to the index, restorable once its modelled write has landed
+    lookup(tokens, limit, floor)     the deepest restorable state on the prompt's path, deeper than floor
+    start_restore(hit, first, …)     a SimRestore, ready after the fetched bytes at the restore rate
+
+Rates: the H200's measured host tier (BENCHMARKS.md, "Host tier, session 4"): a 1,248 MiB state read,
+verified and copied to the device in 0.372 s (3.5 GB/s end to end); its background write-back in 0.635 s
+(2.06 GB/s). The write-back's device → host copies run beside the steps and are not charged to them.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from flashstate.cache.cost import PrefillCost
+from flashstate.cache.host.build import chunk_tokens
+from flashstate.cache.host.index import HostIndex
+from flashstate.cache.host.layout import HostLayout
+from flashstate.cache.host.restore import RestorePhase
+from flashstate.cache.host.tier import HostHit
+from flashstate.engine.cache_tensors import kv_bytes_per_block, state_bytes_per_slot
+from flashstate.models.spec import ModelSpec
+
+RESTORE_BYTES_PER_S = 3.5e9
+WRITE_BYTES_PER_S = 2.06e9
+
+
+@dataclass(eq=False, slots=True)
+class SimRestore:
+    """A restore in flight: ready at `ready_at` on the simulation clock (never fails: the store is local)."""
+
+    hit: HostHit
+    first_chunk: int
+    kv_depth: int
+    ready_at: float
+    clock: Callable[[], float]
+    copied: bool = True  # `wait_any` then calls `wait`, which has nothing to wait for in simulated time
+
+    @property
+    def depth(self) -> int:
+        return self.hit.depth
+
+    def poll(self) -> RestorePhase:
+        return RestorePhase.READY if self.clock() >= self.ready_at else RestorePhase.PENDING
+
+    def wait(self, timeout: float) -> None:
+        pass
+
+    def cancel(self) -> None:
+        pass
+
+
+class SimHostTier:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        dtype: torch.dtype,
+        block_size: int,
+        capacity: int,
+        cost: PrefillCost,
+        clock: Callable[[], float],
+    ):
+        self.layout = HostLayout("simulated", chunk_tokens(block_size))
+        self.token_bytes = kv_bytes_per_block(spec, 1, dtype)
+        self.state_bytes = state_bytes_per_slot(spec, dtype)
+        self.chunk_bytes = self.layout.chunk_tokens * self.token_bytes
+        self.index = HostIndex(capacity, lambda depth: cost.saved(depth, 0), lambda key: None)
+        self.clock = clock
+        self.restores_started = 0  # an admission that then finds no room cancels its restore
+        self._writes: list[tuple[float, int, str, list[str]]] = []  # (lands at, order, state, its chunks)
+        self._order = 0
+
+    def _land_writes(self) -> None:
+        now = self.clock()
+        while self._writes and self._writes[0][0] <= now:
+            _, _, key, chunks = heapq.heappop(self._writes)
+            self.index.mark_written(key, chunks)
+
+    def write_back(self, tokens: list[int], depth: int, blocks: list[int], slot: int) -> None:
+        if depth < 1:
+            return
+        self._land_writes()
+        c = self.layout.chunk_tokens
+        hashes = self.layout.chain(tokens, depth)
+        key = self.layout.state_key(hashes[-1], tokens, depth)
+        if self.index.touch(key):
+            return
+        chunk_keys = [self.layout.chunk_key(h) for h in hashes[1:]]
+        new = [k for k in chunk_keys if k not in self.index.chunks]
+        # the state object holds the linear states and the KV of the tokens past the last whole chunk
+        state_bytes = self.state_bytes + (depth - (len(hashes) - 1) * c) * self.token_bytes
+        if not self.index.admit(key, depth, hashes[-1], chunk_keys, state_bytes, self.chunk_bytes):
+            return
+        lands = self.clock() + (state_bytes + len(new) * self.chunk_bytes) / WRITE_BYTES_PER_S
+        self._order += 1
+        heapq.heappush(self._writes, (lands, self._order, key, new))
+
+    def lookup(self, tokens: list[int], limit: int, floor: int = 0) -> HostHit | None:
+        self._land_writes()
+        if not len(self.index):
+            return None
+        state = self.index.find(tokens, limit, self.layout.chain(tokens, limit), self.layout)
+        if state is None or state.depth <= floor:
+            return None
+        return HostHit(state.key, state.depth, list(state.chunks))
+
+    def start_restore(
+        self, hit: HostHit, first_chunk: int, kv_depth: int, blocks: list[int], slot: int
+    ) -> SimRestore:
+        fetched = (hit.depth - first_chunk * self.layout.chunk_tokens) * self.token_bytes + self.state_bytes
+        self.restores_started += 1
+        ready = self.clock() + fetched / RESTORE_BYTES_PER_S
+        return SimRestore(hit, first_chunk, kv_depth, ready, self.clock)

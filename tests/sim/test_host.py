@@ -1,0 +1,70 @@
+"""The host tier in the simulator: the real index and layout decide what is held, time comes from the
+measured rates; a run with `--host-cache memory` restores what the GPU cache evicted."""
+
+import torch
+
+from flashstate.cache.cost import PrefillCost
+from flashstate.cache.host.restore import RestorePhase
+from flashstate.sim import host as sim_host
+from flashstate.sim.engine import model_spec
+from flashstate.sim.host import SimHostTier
+
+from .helpers import growing, run
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _tier(capacity: int = 64 << 30) -> tuple[SimHostTier, Clock]:
+    clock = Clock()
+    spec = model_spec("qwen3-next-2b")
+    return SimHostTier(spec, torch.bfloat16, 64, capacity, PrefillCost(1e-5, 1e-10), clock), clock
+
+
+def test_a_written_state_is_found_once_its_write_has_landed():
+    tier, clock = _tier()
+    tokens = list(range(1, 1001))
+    tier.write_back(tokens, 1000, blocks=[], slot=0)
+    assert tier.lookup(tokens + [5, 6], limit=1001) is None  # still being written
+    state = tier.state_bytes + (1000 - 768) * tier.token_bytes  # three whole 256-token chunks before it
+    clock.now = (state + 3 * tier.chunk_bytes) / sim_host.WRITE_BYTES_PER_S
+    hit = tier.lookup(tokens + [5, 6], limit=1001)
+    assert hit is not None and hit.depth == 1000 and len(hit.chunks) == 3
+    assert tier.lookup(tokens + [5, 6], limit=1001, floor=1000) is None  # not deeper than the GPU's hit
+    assert tier.lookup([9] + tokens[1:], limit=1000) is None  # another path
+
+
+def test_a_restore_lands_after_its_fetched_bytes_at_the_restore_rate():
+    tier, clock = _tier()
+    tokens = list(range(1, 1001))
+    tier.write_back(tokens, 1000, blocks=[], slot=0)
+    clock.now = 10.0
+    hit = tier.lookup(tokens, limit=1000)
+    restore = tier.start_restore(hit, first_chunk=2, kv_depth=1000, blocks=[], slot=0)
+    fetched = (1000 - 512) * tier.token_bytes + tier.state_bytes  # chunks 0 and 1 shared from the GPU
+    assert restore.ready_at == 10.0 + fetched / sim_host.RESTORE_BYTES_PER_S
+    assert restore.poll() is RestorePhase.PENDING and restore.depth == 1000
+    clock.now = restore.ready_at
+    assert restore.poll() is RestorePhase.READY
+
+
+def test_the_host_tier_serves_what_the_gpu_cache_evicted():
+    # A GPU cache far below the agents' working set: without the host tier the later turns recompute;
+    # with it they restore the evicted states and hit deeper, and every request still completes.
+    sessions = [growing(f"s{i}", turns=6, first=3001 + 100 * i, step=2003, think=4.0) for i in range(6)]
+    flags = ["--kv-cache-memory-bytes", "700M", "--max-num-seqs", "6"]
+    gpu, _ = run(sessions, "flashstate", flags, agents=6)
+    tiered, engines = run(sessions, "flashstate", [*flags, "--host-cache", "memory"], agents=6)
+    tier = engines[0].host
+    landed = engines[0].cache.stats.host_hits
+    assert tier is not None and 0 < landed <= tier.restores_started
+    assert all(r.error is None and r.output_tokens == 50 for r in tiered.requests)
+    assert len(tiered.requests) == len(gpu.requests) == 36
+    assert sum(r.cached_tokens for r in tiered.requests) > sum(r.cached_tokens for r in gpu.requests)
+    engines[0].scheduler.check_integrity()
+    assert not engines[0].has_work
