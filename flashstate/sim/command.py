@@ -93,7 +93,17 @@ def _stats(engine: SimEngine) -> dict[str, Any]:
         "uncached_tokens": s.uncached_tokens,
         "admissions_refused": s.admissions_refused,
         "evictions": dict(s.evictions),
-    }
+    } | (
+        {}
+        if engine.host is None
+        else {
+            "host_restores_started": engine.host.restores_started,
+            "host_hits": s.host_hits,
+            "host_states": len(engine.host.index),
+            "host_bytes_used": engine.host.index.used,
+            "host_evictions": engine.host.index.evictions,
+        }
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
