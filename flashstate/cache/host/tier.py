@@ -112,17 +112,17 @@ class HostTier:
         self.transfer = transfer
         self.layout = layout
         self.cost = cost
+        self._store_allocate = getattr(store, "allocate", None)  # a store that keeps the built buffer
         self.index = HostIndex(
             store.capacity if capacity is None else capacity,
             lambda depth: cost.saved(depth, 0),
-            lambda key: self._queue.put(_Remove(key)),
+            self._left_index,
         )
         self.retry_seconds = retry_seconds
         self.stats = HostTierStats()
         self.available = True
         self._pin = pin
         self._staging = staging
-        self._store_allocate = getattr(store, "allocate", None)  # a store that keeps the built buffer
         self._chunk_bytes = object_size(layout.chunk_key(layout.root), transfer.kv_specs(layout.chunk_tokens))
         self._lock = threading.RLock()
         self._queue: queue.Queue[_Write | _Remove | None] = queue.Queue()
@@ -165,19 +165,22 @@ class HostTier:
             chunk_keys = [self.layout.chunk_key(h) for h in hashes[1:]]
             new = [i for i, k in enumerate(chunk_keys) if k not in self.index.chunks]
             base = (len(hashes) - 1) * c
-            try:
-                kv = self.transfer.kv_specs(c)
-                objects = [ObjectBuilder(chunk_keys[i], kv, self._allocate) for i in new]
-                objects.append(ObjectBuilder(key, self.transfer.state_specs(depth - base), self._allocate))
-            except MemoryError:
-                self.stats.writes_skipped += 1
-                return
+            state_specs = self.transfer.state_specs(depth - base)
+            # Room first (evicting), then buffers: a full store frees its victims' ranges for them.
             evicted = self.index.evictions
             admitted = self.index.admit(
-                key, depth, hashes[-1], chunk_keys, objects[-1].nbytes, self._chunk_bytes
+                key, depth, hashes[-1], chunk_keys, object_size(key, state_specs), self._chunk_bytes
             )
             self.stats.evictions += self.index.evictions - evicted
             if not admitted:
+                self.stats.writes_skipped += 1
+                return
+            try:
+                kv = self.transfer.kv_specs(c)
+                objects = [ObjectBuilder(chunk_keys[i], kv, self._allocate) for i in new]
+                objects.append(ObjectBuilder(key, state_specs, self._allocate))
+            except MemoryError:
+                self.index.forget(self.index.states[key])
                 self.stats.writes_skipped += 1
                 return
         for i, obj in zip(new, objects, strict=False):
@@ -321,6 +324,15 @@ class HostTier:
         self.stats.restored_tokens += hit.depth
         self.stats.shared_tokens += first_chunk * c
         return event
+
+    def _left_index(self, key: str) -> None:
+        """An object left the index (evicted, or unusable): an in-process store drops it at once, so its
+        arena range is free for the write-back that evicted it; a remote store's removal is the writer
+        thread's, off the engine thread."""
+        if self._store_allocate is not None:
+            self._remove_now(key)
+        else:
+            self._queue.put(_Remove(key))
 
     def _remove_now(self, key: str) -> None:
         try:
