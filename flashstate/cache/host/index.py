@@ -13,7 +13,7 @@ Not locked: the tier holds its lock around every call.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from flashstate.cache.host.layout import HostLayout
 
@@ -21,8 +21,12 @@ from flashstate.cache.host.layout import HostLayout
 @dataclass(slots=True)
 class Chunk:
     nbytes: int
-    refs: int = 0
+    holders: set[str] = field(default_factory=set)  # the keys of the states that reference it
     ready: bool = False
+
+    @property
+    def refs(self) -> int:
+        return len(self.holders)
 
 
 @dataclass(slots=True)
@@ -34,6 +38,7 @@ class IndexedState:
     nbytes: int
     priority: float = 0.0  # GDS L when stamped
     ready: bool = False
+    exclusive: int = 0  # bytes of the chunks only this state references (kept as holders change)
 
 
 class HostIndex:
@@ -74,22 +79,22 @@ class HostIndex:
         # state that holds them must not drop them (the caller writes only `new`).
         shared = [k for k in chunk_keys if k in self.chunks]
         for k in shared:
-            self.chunks[k].refs += 1
+            self._hold(k, key)
         if not self.make_room(need, self.clock + self._saved(depth) / need):
             for k in shared:
-                self._unref(k)
+                self._release(k, key)
             return False
         for k in new:
-            self.chunks[k] = Chunk(chunk_bytes, refs=1)
+            self.chunks[k] = Chunk(chunk_bytes, {key})
         state = IndexedState(key, depth, base, chunk_keys, state_bytes, self.clock)
+        state.exclusive = sum(self.chunks[k].nbytes for k in chunk_keys if self.chunks[k].refs == 1)
         self.states[key] = state
         self._by_base.setdefault(base, []).append(state)
         self.used += need
         return True
 
     def value(self, state: IndexedState) -> float:
-        exclusive = sum(self.chunks[k].nbytes for k in state.chunks if self.chunks[k].refs == 1)
-        return self._saved(state.depth) / (state.nbytes + exclusive)
+        return self._saved(state.depth) / (state.nbytes + state.exclusive)
 
     def make_room(self, need: int, priority: float) -> bool:
         """Evict states of lower priority than `priority` (the incoming state's H) until `need` bytes fit."""
@@ -117,16 +122,30 @@ class HostIndex:
         self.used -= state.nbytes
         self._on_remove(state.key)
         for k in state.chunks:
-            self._unref(k)
+            self._release(k, state.key)
 
-    def _unref(self, key: str) -> None:
-        """Drop one reference to the chunk `key`; the last one removes it."""
-        chunk = self.chunks[key]
-        chunk.refs -= 1
-        if chunk.refs == 0:
-            del self.chunks[key]
+    def _hold(self, chunk_key: str, state_key: str) -> None:
+        """`state_key` references the chunk: a chunk that was one state's alone is that state's no more."""
+        chunk = self.chunks[chunk_key]
+        if chunk.refs == 1:
+            self._add_exclusive(next(iter(chunk.holders)), -chunk.nbytes)
+        chunk.holders.add(state_key)
+
+    def _release(self, chunk_key: str, state_key: str) -> None:
+        """`state_key` no longer references the chunk: the last holder has it alone, none removes it."""
+        chunk = self.chunks[chunk_key]
+        chunk.holders.discard(state_key)
+        if chunk.refs == 1:
+            self._add_exclusive(next(iter(chunk.holders)), chunk.nbytes)
+        elif chunk.refs == 0:
+            del self.chunks[chunk_key]
             self.used -= chunk.nbytes
-            self._on_remove(key)
+            self._on_remove(chunk_key)
+
+    def _add_exclusive(self, state_key: str, nbytes: int) -> None:
+        state = self.states.get(state_key)
+        if state is not None:  # else the newcomer being admitted: it counts its own when indexed
+            state.exclusive += nbytes
 
     def forget_object(self, key: str) -> None:
         """A chunk or state object is gone or bad: every state that needs it leaves the index."""

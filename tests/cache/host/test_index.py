@@ -1,7 +1,21 @@
 """HostIndex alone: chunks shared by reference count, whole-state GDS eviction that reports every object
 it drops, refusal of a state worth less than what it would evict, and readiness before restore."""
 
+import random
+
 from flashstate.cache.host.index import HostIndex
+
+
+def assert_consistent(index: HostIndex) -> None:
+    """Each chunk's holders are the states that list it; each state's exclusive bytes are its chunks held
+    by it alone; `used` is every indexed object's bytes."""
+    for key, chunk in index.chunks.items():
+        assert chunk.holders == {s.key for s in index.states.values() if key in s.chunks}
+    for s in index.states.values():
+        assert s.exclusive == sum(index.chunks[k].nbytes for k in s.chunks if index.chunks[k].refs == 1)
+    assert index.used == sum(s.nbytes for s in index.states.values()) + sum(
+        c.nbytes for c in index.chunks.values()
+    )
 
 
 def _index(capacity: int) -> tuple[HostIndex, list[str]]:
@@ -14,6 +28,7 @@ def test_shared_chunks_are_counted_once_and_leave_with_their_last_state():
     assert index.admit("s1", 20, b"b1", ["c1", "c2"], state_bytes=10, chunk_bytes=100)
     assert index.admit("s2", 30, b"b2", ["c1", "c2", "c3"], state_bytes=10, chunk_bytes=100)
     assert index.used == 10 + 200 + 10 + 100 and index.chunks["c1"].refs == 2
+    assert_consistent(index)
     index.forget(index.states["s2"])
     assert removed == ["s2", "c3"] and index.used == 210
     index.forget_object("c1")  # gone from the store: every state that needs it goes too
@@ -31,6 +46,7 @@ def test_eviction_takes_the_cheapest_ready_state_and_refuses_a_poorer_newcomer()
     assert removed == ["shallow", "c2"] and index.evictions == 1 and index.used == 170
     assert not index.admit("poor", 1, b"p", [], state_bytes=100, chunk_bytes=100)  # worth less than "deep"
     assert set(index.states) == {"deep", "mid"}
+    assert_consistent(index)
 
 
 def test_touch_restamps_and_mark_written_needs_the_state_still_there():
@@ -52,6 +68,7 @@ def test_making_room_keeps_the_chunks_the_newcomer_shares_with_the_state_it_evic
     assert removed == ["turn1"] and set(index.chunks) == {"c1", "c2", "c3"}
     assert index.chunks["c1"].refs == 1 and index.chunks["c1"].ready
     assert index.used == 20 + 300
+    assert_consistent(index)
 
 
 def test_a_refused_newcomer_leaves_no_orphan_chunks_behind():
@@ -64,3 +81,22 @@ def test_a_refused_newcomer_leaves_no_orphan_chunks_behind():
     assert not index.admit("big", 600, b"b3", ["c1", "c2", "c3"], state_bytes=50, chunk_bytes=100)
     assert removed == ["a", "c1"] and set(index.states) == {"d"} and set(index.chunks) == {"c5"}
     assert index.used == 50 + 100
+    assert_consistent(index)
+
+
+def test_random_admissions_evictions_and_lost_objects_keep_the_bookkeeping_exact():
+    rng = random.Random(5)
+    index, removed = _index(3000)
+    paths = [[f"p{p}c{i}" for i in range(12)] for p in range(4)]  # four agents' chunk chains
+    for step in range(600):
+        p = rng.randrange(4)
+        depth = rng.randint(1, 12)
+        key = f"s{step}"
+        admitted = index.admit(key, depth * 10, key.encode(), paths[p][:depth], rng.randint(5, 60), 100)
+        if admitted and rng.random() < 0.9:  # the rest stay pending: never evicted
+            index.mark_written(key, [k for k in paths[p][:depth] if not index.chunks[k].ready])
+        if rng.random() < 0.03 and index.chunks:
+            index.forget_object(rng.choice(sorted(index.chunks)))
+        assert index.used <= index.capacity
+        assert_consistent(index)
+    assert index.evictions > 50 and len(removed) > 100

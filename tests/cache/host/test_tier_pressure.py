@@ -10,6 +10,7 @@ import torch
 from flashstate.cache.host.store import MemoryStore
 from flashstate.engine.cache_tensors import CacheTensors
 from tests.cache.host.conftest import BLOCK, make_tier
+from tests.cache.host.test_index import assert_consistent
 
 NUM_BLOCKS = 160
 
@@ -78,6 +79,7 @@ def test_growing_agents_under_pressure_keep_the_tier_consistent_and_writing():
         indexed = set(tier.index.states) | set(tier.index.chunks)
         assert set(store._objects) == indexed
         assert tier.used == store.used <= tier.capacity
+        assert_consistent(tier.index)
     stats = tier.stats
     assert stats.evictions > 20 and restores > 5
     assert stats.writes_skipped <= stats.states_written // 4, stats
