@@ -209,6 +209,16 @@ def _host_metrics(host: HostTier, gauge: Callable, counter: Callable, m: list[st
         "Write-backs dropped (no room, refused by the store, store unavailable).",
         s.writes_skipped,
     )
+    yield counter(
+        "flashstate:host_cache_writes_refused",
+        "Of the dropped write-backs: worth less than the states they would evict, or larger than the tier.",
+        s.writes_refused,
+    )
+    yield counter(
+        "flashstate:host_cache_writes_without_buffer",
+        "Of the dropped write-backs: admitted, but the store had no free range for their objects.",
+        s.writes_without_buffer,
+    )
     yield counter("flashstate:host_cache_restores", "States restored from the host tier.", s.restores)
     yield counter(
         "flashstate:host_cache_restored_tokens",

@@ -31,6 +31,9 @@ def test_serve_writes_back_to_mooncake_and_survives_the_master(tmp_path):
             assert status == 200, out
             m = server.wait_metrics(lambda m: m.get("flashstate:host_cache_states_written_total", 0) >= 1)
             assert m["flashstate:host_cache_available"] == 1 and m["flashstate:host_cache_used_bytes"] > 0
+            skipped = m["flashstate:host_cache_writes_skipped_total"]
+            assert m["flashstate:host_cache_writes_refused_total"] <= skipped
+            assert m["flashstate:host_cache_writes_without_buffer_total"] <= skipped
 
             master.send_signal(signal.SIGTERM)
             assert master.wait(20) == 0

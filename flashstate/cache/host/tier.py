@@ -63,6 +63,8 @@ class HostTierStats:
     objects_written: int = 0
     bytes_written: int = 0
     writes_skipped: int = 0  # write-backs dropped: no room, refused by the store, tier unavailable
+    writes_refused: int = 0  # of those: worth less than what they would evict (GDS), or larger than the tier
+    writes_without_buffer: int = 0  # of those: admitted, but the store had no free range for the objects
     lookups: int = 0
     remote_hits: int = 0  # lookups answered by a state another engine wrote (found in a shared store)
     restores: int = 0
@@ -174,6 +176,7 @@ class HostTier:
             self.stats.evictions += self.index.evictions - evicted
             if not admitted:
                 self.stats.writes_skipped += 1
+                self.stats.writes_refused += 1
                 return
             try:
                 kv = self.transfer.kv_specs(c)
@@ -182,6 +185,7 @@ class HostTier:
             except MemoryError:
                 self.index.forget(self.index.states[key])
                 self.stats.writes_skipped += 1
+                self.stats.writes_without_buffer += 1
                 return
         for i, obj in zip(new, objects, strict=False):
             self.transfer.gather_kv(blocks[i * c // b : (i + 1) * c // b], c, obj.tensors)

@@ -83,6 +83,8 @@ def test_growing_agents_under_pressure_keep_the_tier_consistent_and_writing():
     stats = tier.stats
     assert stats.evictions > 20 and restores > 5
     assert stats.writes_skipped <= stats.states_written // 4, stats
+    assert stats.writes_without_buffer == 0  # room is made before buffers are taken
+    assert stats.writes_skipped == stats.writes_refused
     assert newest_found >= 20  # the agents' newest states are what the tier holds most often
     tier.close()
 
