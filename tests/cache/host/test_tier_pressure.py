@@ -33,6 +33,16 @@ def _blocks(depth: int, first: int = 0) -> list[int]:
     return list(range(first, first + -(-depth // BLOCK)))
 
 
+def _state_bytes(caches: CacheTensors, depth: int) -> int:
+    """What one state at `depth` (its chunks and its state object) takes in the store."""
+    probe = make_tier(MemoryStore(1 << 30), caches)
+    probe.write_back(list(range(1, depth + 1)), depth, _blocks(depth), 0)
+    probe.flush()
+    used = probe.used
+    probe.close()
+    return used
+
+
 def _restored_equal(caches: CacheTensors, depth: int, src_slot: int, dst_slot: int) -> bool:
     src, dst = _blocks(depth), _blocks(depth, first=80)
     for pair in caches.kv:
@@ -46,11 +56,7 @@ def _restored_equal(caches: CacheTensors, depth: int, src_slot: int, dst_slot: i
 
 def test_growing_agents_under_pressure_keep_the_tier_consistent_and_writing():
     caches = _caches()
-    probe = make_tier(MemoryStore(1 << 30), caches)
-    probe.write_back(list(range(1, 301)), 300, _blocks(300), 0)
-    state_of_300 = probe.used
-    probe.close()
-    store = MemoryStore(3 * state_of_300)
+    store = MemoryStore(3 * _state_bytes(caches, 300))
     tier = make_tier(store, caches)
     rng = random.Random(0)
     agents = [[rng.randrange(1, 1000) for _ in range(rng.randint(20, 60))] for _ in range(6)]
@@ -92,11 +98,7 @@ def test_growing_agents_under_pressure_keep_the_tier_consistent_and_writing():
 def test_a_full_store_makes_room_before_the_newcomer_needs_its_buffers():
     # The arena holds capacity * 9/8: a newcomer larger than that slack fits only into its victims' ranges.
     caches = _caches()
-    probe = make_tier(MemoryStore(1 << 30), caches)
-    probe.write_back(list(range(1, 41)), 40, _blocks(40), 0)
-    state_of_40 = probe.used
-    probe.close()
-    store = MemoryStore(4 * state_of_40)
+    store = MemoryStore(4 * _state_bytes(caches, 40))
     tier = make_tier(store, caches)
     for a in range(4):
         tier.write_back([1000 + 100 * a + i for i in range(40)], 40, _blocks(40), slot=a)
