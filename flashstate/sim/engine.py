@@ -21,7 +21,7 @@ import torch
 
 from flashstate.cache.block_pool import BlockPool
 from flashstate.cache.cost import PrefillCost
-from flashstate.cache.host.build import DEFAULT_HOST_CACHE_BYTES, MOONCAKE_FILL
+from flashstate.cache.host.build import host_capacity
 from flashstate.cache.manager import CacheManager
 from flashstate.cache.memory_plan import CachePlan, plan_cache, vllm_page_pool
 from flashstate.cache.policy import build_policy
@@ -67,14 +67,10 @@ def step_seconds(batch: ScheduledBatch, prefill: PrefillCost, decode: DecodeMode
 def host_tier(
     config: EngineConfig, spec: ModelSpec, dtype: torch.dtype, cost: PrefillCost, clock: Callable[[], float]
 ) -> SimHostTier | None:
-    """The host tier the config asks for, with build.py's capacity rules (Mooncake keeps below its fill)."""
-    kind = config.host_tier
-    if kind is None:
+    """The host tier the config asks for, holding what the real one may fill."""
+    if config.host_tier is None:
         return None
-    capacity = config.host_cache_bytes or DEFAULT_HOST_CACHE_BYTES
-    if kind == "mooncake":
-        capacity = int(capacity * MOONCAKE_FILL)
-    return SimHostTier(spec, dtype, config.block_size, capacity, cost, clock)
+    return SimHostTier(spec, dtype, config.block_size, host_capacity(config)[1], cost, clock)
 
 
 class SimEngine:

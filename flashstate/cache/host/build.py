@@ -25,6 +25,12 @@ def chunk_tokens(block_size: int, target: int = CHUNK_TOKENS) -> int:
     return max(target // block_size, 1) * block_size
 
 
+def host_capacity(config: EngineConfig) -> tuple[int, int]:
+    """(the store's size, what the tier may fill of it): the Mooncake master evicts on its own near full."""
+    capacity = config.host_cache_bytes or DEFAULT_HOST_CACHE_BYTES
+    return capacity, int(capacity * MOONCAKE_FILL) if config.host_tier == "mooncake" else capacity
+
+
 def build_host_tier(
     config: EngineConfig, model: torch.nn.Module, caches: CacheTensors, cost: PrefillCost
 ) -> HostTier | None:
@@ -37,11 +43,11 @@ def build_host_tier(
     transfer = StateTransfer(caches, config.block_size)
     shapes = [str(s) for s in transfer.state_specs(1)]
     layout = HostLayout(model_fingerprint(model, spec, dtype, config.block_size, chunk, shapes), chunk)
-    capacity = config.host_cache_bytes or DEFAULT_HOST_CACHE_BYTES
+    capacity, usable = host_capacity(config)
     cuda = transfer.device.type == "cuda"
     store: HostStore
     if kind == "memory":
-        store, usable = MemoryStore(capacity, pin=cuda), capacity
+        store = MemoryStore(capacity, pin=cuda)
     else:
         from flashstate.cache.host.mooncake import MooncakeStore
 
@@ -51,7 +57,6 @@ def build_host_tier(
         )
         buffer = max(2 * largest, 16 << 20)
         store = MooncakeStore(config.mooncake_master, capacity, local_buffer_bytes=buffer, connect=False)
-        usable = int(capacity * MOONCAKE_FILL)
     # Mooncake's reads are pageable bytes: on CUDA a restore's objects pass through page-locked staging.
     staging = HostArena(min(capacity, STAGING_BYTES), pin=True) if cuda and kind == "mooncake" else None
     tier = HostTier(store, transfer, layout, cost, capacity=usable, pin=cuda, staging=staging)
