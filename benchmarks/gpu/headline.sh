@@ -15,7 +15,8 @@
 # qwen3-next-2b), WARMUP / DURATION / DRAIN (seconds per run, default 30 / 90 / 30), KV_BYTES (KV + state
 # budget; defaults: 17G for qwen3-next-2b, 13G for nemotron-h-2b, 11G for kimi-linear-2b, where the
 # simulator puts vllm near the reference's ~30% hit rate, about 70% of what the 48 agents hold at this
-# scale), GPUS (default
+# scale), HOST_BYTES (policies mode: flashstate runs with a host tier of this size, as `flashstate-host`),
+# GPUS (default
 # 1: the runs one after another; N > 1 spreads them over GPUs 0..N-1, one server per GPU at a time, each
 # measured alone on its card, then merges the results), and any extra `bench compare` flags after the mode.
 set -euo pipefail
@@ -55,7 +56,11 @@ case "$mode" in
     IFS=, read -r -a names <<< "${POLICIES:-flashstate,vllm,sglang,none}"
     reference="${names[0]}"
     for p in "${names[@]}"; do
-      runs+=("$p|--policies $p")
+      if [ "$p" = flashstate ] && [ -n "${HOST_BYTES:-}" ]; then  # the full flashstate: with its host tier
+        runs+=("flashstate-host|--variant flashstate-host=flashstate --host-cache memory --host-cache-bytes $HOST_BYTES")
+      else
+        runs+=("$p|--policies $p")
+      fi
       [ "$p" != vllm ] || reference=vllm
     done
     ;;
