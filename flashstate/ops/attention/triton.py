@@ -21,6 +21,9 @@ SMEM_BUDGET = 200 * 1024  # bytes of shared memory a tile may plan for (the H100
 
 LOG2E = 1.4426950408889634
 NUM_SMS = 132  # H200; only shapes the decode split count
+# One sequence's 32k-token decode with 2 KV heads got 66 programs at 1,024 keys a split and read its KV at
+# 1.0 TB/s (BENCHMARKS.md, session 7); 256 gives it 256.
+MIN_SPLIT_KEYS = 256
 
 
 def store_kv(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
@@ -332,8 +335,8 @@ def paged_attention(
         tile_seq, tile_tok = _tiles(cu.long(), bm // g, num_tiles)
     max_keys = block_tables.shape[1] * page
     splits = 1
-    if decode:
-        splits = max(1, min(triton.cdiv(max_keys, 1024), triton.cdiv(4 * NUM_SMS, max(1, n * hkv))))
+    if decode:  # ~4 programs per SM; at least MIN_SPLIT_KEYS keys each (few sequences need many splits)
+        splits = max(1, min(triton.cdiv(max_keys, MIN_SPLIT_KEYS), triton.cdiv(4 * NUM_SMS, max(1, n * hkv))))
     splits = kv_splits or splits
     kv_per_split = triton.cdiv(triton.cdiv(max_keys, splits), bn) * bn
     if splits > 1:

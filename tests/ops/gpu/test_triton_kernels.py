@@ -80,6 +80,7 @@ def _paged(q_lens, ctx, hq, hkv, d, dv, page):
         ([3, 12], [30, 12], 2, 2, 24, 16, 8, {}),  # head dims that are not powers of two, Dv ≠ D (MLA-like)
         ([1, 1, 1], [5, 40, 7], 4, 2, 16, 16, 4, {"kv_splits": 3}),  # decode, split keys
         ([1, 1], [70, 3], 8, 1, 16, 8, 4, {}),  # decode, group of 8
+        ([1], [1500], 4, 2, 16, 16, 16, {}),  # decode, one long sequence: the default splits (6 of 256 keys)
     ],
 )
 def test_paged_attention_matches_oracle(q_lens, ctx, hq, hkv, d, dv, page, kw):
