@@ -236,6 +236,8 @@ def bench_decode(
                 or engine.scheduler.waiting
             ):
                 engine.step()
+            for _ in range(4):  # warm-up: the first eager decode steps compile their kernels' variants
+                engine.step()
             torch.cuda.synchronize()
             totals.clear()
             start = time.perf_counter()
