@@ -22,10 +22,9 @@ import torch
 
 from flashstate.cache.cost import PrefillCost
 from flashstate.cache.host.build import chunk_tokens
-from flashstate.cache.host.index import HostIndex
+from flashstate.cache.host.index import HostHit, HostIndex
 from flashstate.cache.host.layout import HostLayout
 from flashstate.cache.host.restore import RestorePhase
-from flashstate.cache.host.tier import HostHit
 from flashstate.engine.cache_tensors import kv_bytes_per_block, state_bytes_per_slot
 from flashstate.models.spec import ModelSpec
 

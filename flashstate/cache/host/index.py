@@ -41,6 +41,15 @@ class IndexedState:
     exclusive: int = 0  # bytes of the chunks only this state references (kept as holders change)
 
 
+@dataclass(slots=True)
+class HostHit:
+    """A restorable state on a prompt's path: its key, depth and chunk keys."""
+
+    key: str
+    depth: int
+    chunks: list[str]
+
+
 class HostIndex:
     def __init__(self, capacity: int, saved: Callable[[int], float], on_remove: Callable[[str], None]):
         self.capacity = capacity

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from flashstate.cache.host.tier import HostHit, HostTier
+    from flashstate.cache.host.index import HostHit
+    from flashstate.cache.host.tier import HostTier
 
 
 class RestorePhase(enum.Enum):

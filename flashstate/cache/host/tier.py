@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -39,11 +38,12 @@ import torch
 from flashstate.cache.cost import PrefillCost
 from flashstate.cache.host.arena import HostArena
 from flashstate.cache.host.codec import ObjectBuilder, object_size, verify, views
-from flashstate.cache.host.index import HostIndex
+from flashstate.cache.host.index import HostHit, HostIndex
 from flashstate.cache.host.layout import HostLayout
 from flashstate.cache.host.restore import HostRestore
 from flashstate.cache.host.store import HostStore, StoreUnavailableError
 from flashstate.cache.host.transfer import StateTransfer
+from flashstate.cache.host.writer import HostWriter
 
 logger = logging.getLogger("flashstate.host")
 _POOL: ThreadPoolExecutor | None = None
@@ -77,25 +77,6 @@ class HostTierStats:
     reconnects: int = 0
 
 
-@dataclass(slots=True)
-class HostHit:
-    key: str
-    depth: int
-    chunks: list[str]
-
-
-@dataclass(slots=True)
-class _Write:
-    state: str
-    objects: list[ObjectBuilder]  # new chunks first, the state object last
-    event: object | None  # CUDA event after the device → host copies
-
-
-@dataclass(slots=True)
-class _Remove:
-    key: str
-
-
 class HostTier:
     def __init__(
         self,
@@ -120,18 +101,31 @@ class HostTier:
             lambda depth: cost.saved(depth, 0),
             self._left_index,
         )
-        self.retry_seconds = retry_seconds
         self.stats = HostTierStats()
         self.available = True
         self._pin = pin
         self._staging = staging
         self._chunk_bytes = object_size(layout.chunk_key(layout.root), transfer.kv_specs(layout.chunk_tokens))
         self._lock = threading.RLock()
-        self._queue: queue.Queue[_Write | _Remove | None] = queue.Queue()
-        self._writer = threading.Thread(target=self._run, name="flashstate-host-writer", daemon=True)
-        self._writer.start()
+        self._writer = HostWriter(
+            store,
+            lambda: self.available,
+            self._written,
+            self.mark_unavailable,
+            self._try_reconnect,
+            retry_seconds,
+        )
         self._fetcher = ThreadPoolExecutor(2, thread_name_prefix="flashstate-host-fetch")
         self._fetches: set[Future] = set()
+
+    @property
+    def retry_seconds(self) -> float:
+        """How often the writer thread pings an unreachable store."""
+        return self._writer.retry_seconds
+
+    @retry_seconds.setter
+    def retry_seconds(self, seconds: float) -> None:
+        self._writer.retry_seconds = seconds
 
     @property
     def num_states(self) -> int:
@@ -193,7 +187,7 @@ class HostTier:
         n = self.transfer.num_state_tensors()
         self.transfer.gather_state(slot, obj.tensors[:n])
         self.transfer.gather_kv(blocks[base // b : -(-depth // b)], depth - base, obj.tensors[n:])
-        self._queue.put(_Write(key, objects, self.transfer.event()))
+        self._writer.write(key, objects, self.transfer.event())
 
     def _allocate(self, nbytes: int) -> torch.Tensor:
         """A buffer to build an object in: from the store when it keeps the buffer (MemoryStore's arena),
@@ -336,7 +330,7 @@ class HostTier:
         if self._store_allocate is not None:
             self._remove_now(key)
         else:
-            self._queue.put(_Remove(key))
+            self._writer.remove(key)
 
     def _remove_now(self, key: str) -> None:
         try:
@@ -344,57 +338,21 @@ class HostTier:
         except StoreUnavailableError as e:
             self.mark_unavailable(e)
 
-    # ---- the writer thread --------------------------------------------------------------------------
-
-    def _run(self) -> None:
-        while True:
-            try:
-                # Wakes every retry_seconds: an outage may be noticed on another thread (fetch, start-up).
-                job = self._queue.get(timeout=self.retry_seconds)
-            except queue.Empty:
-                if not self.available:
-                    self._try_reconnect()
-                continue
-            try:
-                if job is None:
-                    return
-                if isinstance(job, _Remove):
-                    if self.available:
-                        self.store.remove(job.key)
-                else:
-                    self._write(job)
-            except StoreUnavailableError as e:
-                self.mark_unavailable(e)
-            except Exception:  # the writer must outlive any one bad job
-                logger.exception("host tier: write-back failed")
-            finally:
-                self._queue.task_done()
-
-    def _write(self, job: _Write) -> None:
-        if job.event is not None:
-            job.event.synchronize()
-        if not self.available:
-            return
-        written = []
-        try:
-            for obj in job.objects:
-                if not self.store.put(obj.key, obj.seal()):
-                    break
-                written.append(obj)
-        finally:
-            with self._lock:
-                whole = len(written) == len(job.objects)
-                if whole and self.index.mark_written(job.state, [obj.key for obj in written[:-1]]):
-                    self.stats.states_written += 1
-                    self.stats.objects_written += len(written)
-                    self.stats.bytes_written += sum(o.nbytes for o in written)
-                elif self.available:
-                    self.stats.writes_skipped += 1
-                    for obj in job.objects:  # a chunk another pending state shares is unusable too
-                        if self.index.holds(obj.key):
-                            self.index.forget_object(obj.key)
-                        else:
-                            self._queue.put(_Remove(obj.key))
+    def _written(self, state: str, objects: list[ObjectBuilder], written: list[ObjectBuilder]) -> None:
+        """Writer thread, after a write-back's puts: `written` of `objects` reached the store."""
+        with self._lock:
+            whole = len(written) == len(objects)
+            if whole and self.index.mark_written(state, [obj.key for obj in written[:-1]]):
+                self.stats.states_written += 1
+                self.stats.objects_written += len(written)
+                self.stats.bytes_written += sum(o.nbytes for o in written)
+            elif self.available:
+                self.stats.writes_skipped += 1
+                for obj in objects:  # a chunk another pending state shares is unusable too
+                    if self.index.holds(obj.key):
+                        self.index.forget_object(obj.key)
+                    else:
+                        self._writer.remove(obj.key)
 
     def mark_unavailable(self, error: Exception) -> None:
         with self._lock:
@@ -426,15 +384,14 @@ class HostTier:
         """Wait until every staged write-back and removal has reached the store and every fetch started
         has finished (tests, benchmarks, shutdown)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self._queue.unfinished_tasks or self._fetches:
+        while self._writer.pending or self._fetches:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError("host tier writes still pending")
             time.sleep(0.001)
 
     def close(self) -> None:
         self._fetcher.shutdown(wait=True, cancel_futures=True)
-        self._queue.put(None)
-        self._writer.join(timeout=10)
+        self._writer.close()
         self.store.close()
         if self._staging is not None:
             self._staging.close()

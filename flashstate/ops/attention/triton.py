@@ -21,9 +21,7 @@ SMEM_BUDGET = 200 * 1024  # bytes of shared memory a tile may plan for (the H100
 
 LOG2E = 1.4426950408889634
 NUM_SMS = 132  # H200; only shapes the decode split count
-# One sequence's 32k-token decode with 2 KV heads got 66 programs at 1,024 keys a split and read its KV at
-# 1.0 TB/s (BENCHMARKS.md, session 7); 256 gives it 260.
-MIN_SPLIT_KEYS = 256
+MIN_SPLIT_KEYS = 256  # at 1,024 a 32k-token decode with 2 KV heads got 66 programs, 1.0 TB/s (BENCHMARKS)
 
 
 def store_kv(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
