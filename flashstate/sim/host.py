@@ -115,6 +115,7 @@ class SimHostTier:
         self, hit: HostHit, first_chunk: int, kv_depth: int, blocks: list[int], slot: int
     ) -> SimRestore:
         fetched = (hit.depth - first_chunk * self.layout.chunk_tokens) * self.token_bytes + self.state_bytes
+        self.index.touch(hit.key)  # a hit re-stamps the state, as the real tier's load does
         self.restores_started += 1
         ready = self.clock() + fetched / RESTORE_BYTES_PER_S
         return SimRestore(hit, first_chunk, kv_depth, ready, self.clock)
