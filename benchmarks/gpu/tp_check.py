@@ -19,7 +19,6 @@
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import gc
 import json
 import os
@@ -34,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from engine_setup import profiled_step  # noqa: E402
 
 from flashstate import LLM, SamplingParams  # noqa: E402
+from flashstate.distributed.worker import dump_stacks_when_stuck  # noqa: E402
 from flashstate.models.presets import preset_dir  # noqa: E402
 
 TINY = ["tiny", "tiny-nemotron-h", "tiny-kimi-linear"]
@@ -233,9 +233,10 @@ def main() -> None:
     }
     if args.stack_dump_s:  # every rank (the workers inherit the variable) dumps its stacks when stuck
         os.environ["FLASHSTATE_STACK_DUMP_S"] = str(args.stack_dump_s)
-        faulthandler.dump_traceback_later(args.stack_dump_s, repeat=True)
+        dump_stacks_when_stuck()
     if args.only != "throughput":
         out["exactness"] = check_exactness(presets, args.tp, args.device, 40 if args.small else 300)
+        _save(out, args.only)
     bench = ("tiny", 512, 4, 16) if args.small else ("qwen3-next-2b", 8192, 16, 64)
     if args.only != "exactness":
         out["throughput_preset"] = bench[0]
@@ -245,7 +246,6 @@ def main() -> None:
             out["throughput"].append(throughput(bench[0], n, eager, args.device, *bench[1:]))
             print(json.dumps(out["throughput"][-1]), flush=True)
             _save(out, args.only)
-    _save(out, args.only)
     print(f"\n{out['device']}, torch {out['torch']}, {bench[0]}")
     print("| check | result |\n|---|---|")
     for row in out.get("exactness", []):

@@ -87,16 +87,14 @@ class SimHostTier:
         if depth < 1:
             return
         self._land_writes()
-        c = self.layout.chunk_tokens
-        hashes = self.layout.chain(tokens, depth)
-        key = self.layout.state_key(hashes[-1], tokens, depth)
+        last, key, chunk_keys = self.layout.keys(tokens, depth)
         if self.index.touch(key):
             return
-        chunk_keys = [self.layout.chunk_key(h) for h in hashes[1:]]
         new = [k for k in chunk_keys if k not in self.index.chunks]
         # the state object holds the linear states and the KV of the tokens past the last whole chunk
-        state_bytes = self.state_bytes + (depth - (len(hashes) - 1) * c) * self.token_bytes
-        if not self.index.admit(key, depth, hashes[-1], chunk_keys, state_bytes, self.chunk_bytes):
+        tail = depth - len(chunk_keys) * self.layout.chunk_tokens
+        state_bytes = self.state_bytes + tail * self.token_bytes
+        if not self.index.admit(key, depth, last, chunk_keys, state_bytes, self.chunk_bytes):
             return
         lands = self.clock() + (state_bytes + len(new) * self.chunk_bytes) / WRITE_BYTES_PER_S
         self._order += 1
@@ -106,10 +104,8 @@ class SimHostTier:
         self._land_writes()
         if not len(self.index):
             return None
-        state = self.index.find(tokens, limit, self.layout.chain(tokens, limit), self.layout)
-        if state is None or state.depth <= floor:
-            return None
-        return HostHit(state.key, state.depth, list(state.chunks))
+        hit = self.index.find(tokens, limit, self.layout.chain(tokens, limit), self.layout)
+        return hit if hit is not None and hit.depth > floor else None
 
     def start_restore(
         self, hit: HostHit, first_chunk: int, kv_depth: int, blocks: list[int], slot: int

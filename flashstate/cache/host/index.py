@@ -175,7 +175,7 @@ class HostIndex:
 
     def find(
         self, tokens: list[int], limit: int, hashes: list[bytes], layout: HostLayout
-    ) -> IndexedState | None:
+    ) -> HostHit | None:
         """The deepest restorable state at a depth ≤ `limit` on the path of `tokens` (`hashes`: its chain)."""
         for j in range(len(hashes) - 1, -1, -1):
             best = None
@@ -189,7 +189,7 @@ class HostIndex:
                 ):
                     best = s
             if best is not None:
-                return best
+                return HostHit(best.key, best.depth, list(best.chunks))
         return None
 
     def clear(self) -> None:

@@ -79,6 +79,12 @@ class HostLayout:
             hashes.append(_h(hashes[-1], _token_bytes(tokens[i * c : (i + 1) * c])))
         return hashes
 
+    def keys(self, tokens: list[int], depth: int) -> tuple[bytes, str, list[str]]:
+        """The state of tokens[:depth]: the chain hash of its last whole chunk, its state key, and the keys
+        of its whole chunks (the state object holds the tokens past them)."""
+        hashes = self.chain(tokens, depth)
+        return hashes[-1], self.state_key(hashes[-1], tokens, depth), [self.chunk_key(h) for h in hashes[1:]]
+
     def chunk_key(self, h: bytes) -> str:
         return f"{self.prefix}/kv/{h.hex()}"
 

@@ -154,18 +154,16 @@ class HostTier:
             return
         c, b = self.layout.chunk_tokens, self.block_size
         with self._lock:
-            hashes = self.layout.chain(tokens, depth)
-            key = self.layout.state_key(hashes[-1], tokens, depth)
+            last, key, chunk_keys = self.layout.keys(tokens, depth)
             if self.index.touch(key):
                 return
-            chunk_keys = [self.layout.chunk_key(h) for h in hashes[1:]]
             new = [i for i, k in enumerate(chunk_keys) if k not in self.index.chunks]
-            base = (len(hashes) - 1) * c
+            base = len(chunk_keys) * c
             state_specs = self.transfer.state_specs(depth - base)
             # Room first (evicting), then buffers: a full store frees its victims' ranges for them.
             evicted = self.index.evictions
             admitted = self.index.admit(
-                key, depth, hashes[-1], chunk_keys, object_size(key, state_specs), self._chunk_bytes
+                key, depth, last, chunk_keys, object_size(key, state_specs), self._chunk_bytes
             )
             self.stats.evictions += self.index.evictions - evicted
             if not admitted:
@@ -222,8 +220,7 @@ class HostTier:
 
     def _lookup_index(self, tokens: list[int], limit: int, hashes: list[bytes]) -> HostHit | None:
         with self._lock:
-            state = self.index.find(tokens, limit, hashes, self.layout)
-            return None if state is None else HostHit(state.key, state.depth, list(state.chunks))
+            return self.index.find(tokens, limit, hashes, self.layout)
 
     def _probe(self, tokens: list[int], limit: int, floor: int, hashes: list[bytes]) -> HostHit | None:
         """The deepest state object in the store at a depth in (floor, limit], whoever wrote it: every
