@@ -111,7 +111,8 @@ class TensorParallelDriver:
         ctx = mp.get_context("spawn")
         self.procs: list[BaseProcess] = []
         self.conns: list[Connection] = []
-        self._finalizer = weakref.finalize(self, _stop, self.procs, self.conns)
+        self._groups: list[TPGroup] = []
+        self._finalizer = weakref.finalize(self, _stop, self.procs, self.conns, self._groups)
         for rank in range(1, n):
             parent, child = ctx.Pipe()
             proc = ctx.Process(
@@ -128,6 +129,7 @@ class TensorParallelDriver:
             for rank in range(1, n):
                 self._expect(rank, "hello")
             self.group = TPGroup(self.store, 0, n, self.device)
+            self._groups.append(self.group)
         except BaseException:
             self.shutdown()
             raise
@@ -225,15 +227,14 @@ class TensorParallelDriver:
         """Stop the workers (idempotent); none is left running."""
         self._finalizer()
         torch.set_num_threads(self._threads)
-        group = getattr(self, "group", None)
-        if group is not None:
-            group.close()
 
 
-def _stop(procs: list[BaseProcess], conns: list[Connection]) -> None:
+def _stop(procs: list[BaseProcess], conns: list[Connection], groups: list[TPGroup]) -> None:
     for conn in conns:
         with contextlib.suppress(OSError):
             conn.send_bytes(pickle.dumps(("shutdown",)))
+    while groups:  # rank 0 tears its group down while the workers tear down theirs
+        groups.pop().close()
     for proc in procs:
         proc.join(JOIN_SECONDS)
         if proc.is_alive():

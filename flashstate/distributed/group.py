@@ -4,7 +4,9 @@ without touching torch.distributed's global default group, so engines can come a
 from __future__ import annotations
 
 import datetime
+import logging
 import os
+import threading
 from collections.abc import Callable
 
 import torch
@@ -16,6 +18,9 @@ from flashstate.engine.decode_inputs import DecodeInputs
 
 # A step longer than this (a huge prefill on CPU) would be a bug: the collectives give up.
 STEP_TIMEOUT = datetime.timedelta(hours=1)
+TEARDOWN_SECONDS = 60.0  # NCCL's communicator teardown; past it the engine closes without waiting
+
+logger = logging.getLogger("flashstate")
 
 
 def disable_nvls() -> None:
@@ -72,9 +77,20 @@ class TPGroup:
     def attach(self, model: nn.Module) -> None:
         attach_reduce(model, self.all_reduce)
 
-    def close(self) -> None:
-        if self.pg is None and dist.is_initialized():
-            dist.destroy_process_group()
+    def close(self, timeout: float = TEARDOWN_SECONDS) -> None:
+        """Destroy the NCCL group (every rank at once: the teardown may wait for its peers). A teardown
+        still running after `timeout` is left behind with a warning rather than hanging the caller."""
+        if self.pg is not None or not dist.is_initialized():
+            return
+        teardown = threading.Thread(target=dist.destroy_process_group, name="nccl-teardown", daemon=True)
+        teardown.start()
+        teardown.join(timeout)
+        if teardown.is_alive():
+            logger.warning(
+                "tensor-parallel rank %d: NCCL teardown unfinished after %.0f s; left running",
+                self.rank,
+                timeout,
+            )
 
 
 def attach_reduce(model: nn.Module, all_reduce: Callable[[Tensor], Tensor]) -> None:

@@ -87,6 +87,8 @@ def _serve(config: EngineConfig, model_dir: str, rank: int, port: int, conn: Con
         while True:
             msg = pickle.loads(conn.recv_bytes())
             if msg[0] == "shutdown":
+                if graphs is not None:
+                    graphs.release()
                 break
             if msg[0] == "decode_setup":
                 _, max_batch, width, capture = msg

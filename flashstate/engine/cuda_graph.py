@@ -63,6 +63,16 @@ class DecodeGraphs:
         torch.cuda.current_stream(self.device).wait_stream(stream)
         torch.cuda.synchronize(self.device)
 
+    def release(self) -> None:
+        """Free every graph and its pool. Graphs holding captured NCCL kernels must go before the
+        communicator is destroyed, or NCCL's teardown waits forever (pytorch/pytorch#115388)."""
+        torch.cuda.synchronize(self.device)
+        for graph in self._graphs.values():
+            graph.reset()
+        self._graphs.clear()
+        self._logits.clear()
+        self._pool = None
+
     def fits(self, batch_size: int) -> bool:
         return bool(self._graphs) and batch_size <= self.max_batch
 

@@ -394,6 +394,9 @@ class LLMEngine:
         if trace is not None:
             trace.close()
         if self.tp is not None:
+            runner = getattr(self, "runner", None)
+            if runner is not None:
+                runner.release_graphs()
             self.tp.shutdown()
 
     def check_integrity(self) -> None:

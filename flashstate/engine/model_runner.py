@@ -116,6 +116,12 @@ class ModelRunner:
         )
         return True
 
+    def release_graphs(self) -> None:
+        """Free the decode graphs; decode runs eager from here on."""
+        graphs, self.graphs = self.graphs, None
+        if graphs is not None:
+            graphs.release()
+
     def build_metadata(self, batch: ScheduledBatch) -> tuple[torch.Tensor, ForwardMetadata]:
         tokens: list[int] = []
         for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
