@@ -28,16 +28,42 @@ def cuda_time(fn, repeats: int = 3) -> float:
 
 def profiled_step(engine, path: Path) -> None:
     """One engine step under the torch profiler; its table of the top kernels (by CUDA time on a GPU) goes
-    to `path`."""
-    from torch.profiler import ProfilerActivity, profile
+    to `path`, after a line on the step's timeline: wall time, when the first kernel started, how long the
+    kernels spanned and how much of that span the GPU was busy (the rest: waiting on the host)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     cuda = torch.cuda.is_available()
-    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof, record_function("engine_step"):
         engine.step()
         if cuda:
             torch.cuda.synchronize()
     key = "cuda_time_total" if cuda else "cpu_time_total"
-    path.write_text(prof.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=70))
+    table = prof.key_averages().table(sort_by=key, row_limit=40, max_name_column_width=70)
+    path.write_text(step_timeline(prof.events()) + "\n" + table)
+
+
+def step_timeline(events) -> str:
+    """The step's timeline from profiler events (µs): the `engine_step` range and the device kernels."""
+    step = next(e for e in events if e.name == "engine_step")
+    start, end = step.time_range.start, step.time_range.end
+    kernels = sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in events
+        if e.device_type == torch.autograd.DeviceType.CUDA
+    )
+    if not kernels:
+        return f"step wall {(end - start) / 1e3:.2f} ms; no device kernels"
+    busy, reach = 0, kernels[0][0]
+    for k_start, k_end in kernels:  # union of the kernels' intervals
+        busy += max(0, k_end - max(k_start, reach))
+        reach = max(reach, k_end)
+    span = reach - kernels[0][0]
+    return (
+        f"step wall {(end - start) / 1e3:.2f} ms; first kernel at +{(kernels[0][0] - start) / 1e3:.2f} ms; "
+        f"kernels span {span / 1e3:.2f} ms, GPU busy {busy / 1e3:.2f} ms ({busy / max(span, 1):.0%}); "
+        f"after the last kernel {(end - reach) / 1e3:.2f} ms"
+    )
 
 
 def make_llm(model_dir: Path, **kw) -> LLM:
