@@ -55,4 +55,7 @@ def summarize_rows(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         "waiting_mean": mean([r["waiting"] for r in rows]),
         "seconds_in_prefill_steps": mixed_s,
         "seconds_in_decode_steps": decode_s,
+        "seconds_scheduling": sum(r["schedule_ms"] for r in rows) / 1e3 if "schedule_ms" in rows[0] else None,
+        # the engine thread's time inside the host tier; None: no tier (or not traced)
+        "seconds_in_host_tier": sum(r["host_ms"] for r in rows) / 1e3 if "host_ms" in rows[0] else None,
     }

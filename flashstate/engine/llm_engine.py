@@ -246,7 +246,7 @@ class LLMEngine:
         start = self._scheduled_at = time.monotonic()
         ahead = self._in_flight is not None
         batch, outputs = self._step()
-        self.trace.record(start, self._scheduled_at, batch, self.scheduler, ahead)
+        self.trace.record(start, self._scheduled_at, batch, self.scheduler, ahead, self.host)
         return outputs
 
     def _step(self) -> tuple[ScheduledBatch | None, list[RequestOutput]]:

@@ -1,16 +1,21 @@
 """StepTrace: one JSON line per engine step (`--step-trace PATH`), to see where a serving load's time goes:
 when the step began, how long the call took, what it computed and what was left queued. `prefill_pairs`
 (Σ over chunks of (p + n)² − p², a chunk of n tokens resuming at depth p) and `decode_context` (Σ of the
-decoding sequences' lengths) are what a step-time model needs beyond the token counts."""
+decoding sequences' lengths) are what a step-time model needs beyond the token counts. With a host tier,
+`host_ms` is the engine thread's time inside the tier during the step (lookups, restores' copies issued,
+write-backs staged) and `host_restores` the restores it issued."""
 
 from __future__ import annotations
 
 import json
 import time
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from flashstate.engine.scheduler import ScheduledBatch, Scheduler
 from flashstate.engine.sequence import Sequence
+
+if TYPE_CHECKING:
+    from flashstate.cache.host.tier import HostTier
 
 
 def step_shape(seqs: list[Sequence], counts: list[int], computed: bool) -> tuple[int, int, int, int, int]:
@@ -36,9 +41,17 @@ class StepTrace:
         except OSError as e:
             raise ValueError(f"step_trace: cannot write {path}: {e.strerror}") from None
         self._origin = time.monotonic()
+        self._host_seconds = 0.0
+        self._host_restores = 0
 
     def record(
-        self, start: float, scheduled: float, batch: ScheduledBatch | None, scheduler: Scheduler, ahead: bool
+        self,
+        start: float,
+        scheduled: float,
+        batch: ScheduledBatch | None,
+        scheduler: Scheduler,
+        ahead: bool,
+        host: HostTier | None = None,
     ) -> None:
         """time.monotonic() when the step call began and when its batch was scheduled (the start for a
         step launched ahead); `batch`: what it ran (None: nothing)."""
@@ -58,6 +71,11 @@ class StepTrace:
             "running": len(scheduler.running),
             "waiting": len(scheduler.waiting),
         }
+        if host is not None:
+            stats = host.stats
+            row["host_ms"] = round(1e3 * (stats.engine_seconds - self._host_seconds), 3)
+            row["host_restores"] = stats.restores - self._host_restores
+            self._host_seconds, self._host_restores = stats.engine_seconds, stats.restores
         self._file.write(json.dumps(row) + "\n")
 
     def close(self) -> None:

@@ -14,16 +14,18 @@ Names that dashboards built for vLLM read (`vllm:`), each labelled `model_name`:
     vllm:cache_config_info                                                             labels only
 Ours (`flashstate:`): prefix-cache requests and request hits, uncached tokens, checkpoints held and their
 bytes, evictions by reason, refused admissions, host-tier hits, the prefill cost coefficients a and b in use
-(`flashstate:prefill_cost_coefficient{term}`), pool sizes and free counts, aborted and rejected requests;
-with a host tier (`flashstate:host_cache_*`): states and bytes written, skipped write-backs, restored
-tokens, misses by reason (dropped by the store, corrupt), evictions, outages and reconnects, whether the
-store is available, bytes and states held.
+(`flashstate:prefill_cost_coefficient{term}`), pool sizes and free counts, aborted and rejected requests,
+on CUDA the caching allocator's retries; with a host tier (`flashstate:host_cache_*`): states and bytes
+written, skipped write-backs, restored tokens, misses by reason (dropped by the store, corrupt), evictions,
+outages and reconnects, whether the store is available, bytes and states held, and the engine thread's
+seconds inside the tier.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+import torch
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -166,6 +168,9 @@ class _EngineCollector(Collector):
         yield evictions
         if llm.host is not None:
             yield from _host_metrics(llm.host, gauge, counter, m)
+        if llm.device.type == "cuda":  # a retry frees cached blocks: the device synchronises
+            retries = torch.cuda.memory_stats(llm.device).get("num_alloc_retries", 0)
+            yield counter("flashstate:cuda_alloc_retries", "CUDA caching-allocator retries.", retries)
         yield gauge("flashstate:kv_blocks_total", "KV blocks in the pool.", blocks.num_blocks)
         yield gauge("flashstate:kv_blocks_free", "KV blocks free.", blocks.num_free)
         yield gauge("flashstate:state_slots_total", "State slots in the pool.", slots.num_slots)
@@ -251,3 +256,8 @@ def _host_metrics(host: HostTier, gauge: Callable, counter: Callable, m: list[st
     )
     yield gauge("flashstate:host_cache_used_bytes", "Bytes of the states the host tier holds.", host.used)
     yield gauge("flashstate:host_cache_states", "States the host tier holds.", host.num_states)
+    yield counter(
+        "flashstate:host_cache_engine_seconds",
+        "Engine-thread seconds inside the host tier (lookups, restores issued, write-backs staged).",
+        s.engine_seconds,
+    )

@@ -39,3 +39,30 @@ def test_one_line_per_step_accounts_for_every_token(tiny_model_dir, tmp_path):
 def test_an_unwritable_trace_path_is_a_clear_error(tiny_model_dir, tmp_path):
     with pytest.raises(ValueError, match="step_trace: cannot write"):
         LLM(tiny_model_dir, step_trace=str(tmp_path / "missing" / "steps.jsonl"), device="cpu")
+
+
+def test_with_a_host_tier_rows_carry_its_engine_time_and_restores(tiny_model_dir, tmp_path):
+    path = tmp_path / "steps.jsonl"
+    llm = LLM(
+        tiny_model_dir,
+        block_size=4,
+        max_num_batched_tokens=256,
+        kv_cache_memory_bytes=512 << 20,
+        host_cache_bytes=64 << 20,
+        step_trace=str(path),
+        device="cpu",
+    )
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    prompt = [(7 * i) % 1000 + 10 for i in range(300)]
+    out = llm.generate([prompt], params)[0]
+    llm.engine.host.flush()
+    llm.engine.reset_prefix_cache()  # the next turn's state is on the host only
+    llm.generate([prompt + out.token_ids + [5, 6, 7]], params)
+    stats = llm.engine.host.stats
+    llm.close()
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert stats.restores == 1 and sum(r["host_restores"] for r in rows) == 1
+    # every lookup, write-back and restore ran inside some step: the rows add up to the tier's total
+    assert stats.engine_seconds > 0
+    assert sum(r["host_ms"] for r in rows) == pytest.approx(1e3 * stats.engine_seconds, abs=0.01 * len(rows))
+    assert all(r["host_ms"] >= 0 for r in rows)

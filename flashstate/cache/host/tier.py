@@ -31,7 +31,6 @@ import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 
 import torch
 
@@ -41,6 +40,7 @@ from flashstate.cache.host.codec import ObjectBuilder, object_size, verify, view
 from flashstate.cache.host.index import HostHit, HostIndex
 from flashstate.cache.host.layout import HostLayout
 from flashstate.cache.host.restore import HostRestore
+from flashstate.cache.host.stats import HostTierStats, engine_call
 from flashstate.cache.host.store import HostStore, StoreUnavailableError
 from flashstate.cache.host.transfer import StateTransfer
 from flashstate.cache.host.writer import HostWriter
@@ -55,26 +55,6 @@ def _verify_pool() -> ThreadPoolExecutor:
     if _POOL is None:
         _POOL = ThreadPoolExecutor(min(os.cpu_count() or 1, 16), thread_name_prefix="flashstate-host-verify")
     return _POOL
-
-
-@dataclass(slots=True)
-class HostTierStats:
-    states_written: int = 0
-    objects_written: int = 0
-    bytes_written: int = 0
-    writes_skipped: int = 0  # write-backs dropped: no room, refused by the store, tier unavailable
-    writes_refused: int = 0  # of those: worth less than what they would evict (GDS), or larger than the tier
-    writes_without_buffer: int = 0  # of those: admitted, but the store had no free range for the objects
-    lookups: int = 0
-    remote_hits: int = 0  # lookups answered by a state another engine wrote (found in a shared store)
-    restores: int = 0
-    restored_tokens: int = 0
-    shared_tokens: int = 0  # of restored_tokens: KV the GPU cache still held (shared, not copied)
-    misses_dropped: int = 0  # the store no longer held an object
-    misses_corrupt: int = 0  # checksum, header or key mismatch
-    evictions: int = 0
-    outages: int = 0
-    reconnects: int = 0
 
 
 class HostTier:
@@ -145,6 +125,7 @@ class HostTier:
 
     # ---- write-back (engine thread) -----------------------------------------------------------------
 
+    @engine_call
     def write_back(self, tokens: list[int], depth: int, blocks: list[int], slot: int) -> None:
         """Stage the hybrid state of tokens[:depth] (KV in `blocks`, linear states in `slot`)."""
         if depth < 1:
@@ -199,6 +180,7 @@ class HostTier:
 
     # ---- restore (engine thread) --------------------------------------------------------------------
 
+    @engine_call
     def lookup(self, tokens: list[int], limit: int, floor: int = 0) -> HostHit | None:
         """The deepest restorable state at a depth in (floor, limit] on the path of `tokens`: from this
         tier's index, else (a shared store) one another engine wrote, found by probing the store."""
@@ -236,6 +218,7 @@ class HostTier:
                 return HostHit(found[0][1], found[0][0], chunks)
         return None
 
+    @engine_call
     def start_restore(
         self, hit: HostHit, first_chunk: int, kv_depth: int, blocks: list[int], slot: int
     ) -> HostRestore:
@@ -295,6 +278,7 @@ class HostTier:
             return buffer
         return staged.copy_(buffer)
 
+    @engine_call
     def load(
         self,
         hit: HostHit,

@@ -1,0 +1,45 @@
+"""The host tier's counters (`/metrics`: flashstate:host_cache_*), and the engine thread's time inside the
+tier's calls (the step trace's `host_ms`)."""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class HostTierStats:
+    states_written: int = 0
+    objects_written: int = 0
+    bytes_written: int = 0
+    writes_skipped: int = 0  # write-backs dropped: no room, refused by the store, tier unavailable
+    writes_refused: int = 0  # of those: worth less than what they would evict (GDS), or larger than the tier
+    writes_without_buffer: int = 0  # of those: admitted, but the store had no free range for the objects
+    lookups: int = 0
+    remote_hits: int = 0  # lookups answered by a state another engine wrote (found in a shared store)
+    restores: int = 0
+    restored_tokens: int = 0
+    shared_tokens: int = 0  # of restored_tokens: KV the GPU cache still held (shared, not copied)
+    misses_dropped: int = 0  # the store no longer held an object
+    misses_corrupt: int = 0  # checksum, header or key mismatch
+    evictions: int = 0
+    outages: int = 0
+    reconnects: int = 0
+    engine_seconds: float = (
+        0.0  # wall time of the engine thread inside lookup, start_restore, load, write_back
+    )
+
+
+def engine_call(method):
+    """A HostTier method the engine thread calls: its wall time counts into `stats.engine_seconds`."""
+
+    @functools.wraps(method)
+    def timed(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self.stats.engine_seconds += time.perf_counter() - start
+
+    return timed
