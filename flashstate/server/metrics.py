@@ -256,8 +256,11 @@ def _host_metrics(host: HostTier, gauge: Callable, counter: Callable, m: list[st
     )
     yield gauge("flashstate:host_cache_used_bytes", "Bytes of the states the host tier holds.", host.used)
     yield gauge("flashstate:host_cache_states", "States the host tier holds.", host.num_states)
-    yield counter(
+    engine = CounterMetricFamily(
         "flashstate:host_cache_engine_seconds",
-        "Engine-thread seconds inside the host tier (lookups, restores issued, write-backs staged).",
-        s.engine_seconds,
+        "Engine-thread seconds inside the host tier, by call (lookup, start_restore, load, write_back).",
+        labels=["model_name", "call"],
     )
+    for call, seconds in sorted(s.engine_seconds_by_call.items()):
+        engine.add_metric([*m, call], seconds)
+    yield engine

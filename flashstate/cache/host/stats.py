@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)
@@ -26,13 +26,14 @@ class HostTierStats:
     evictions: int = 0
     outages: int = 0
     reconnects: int = 0
-    engine_seconds: float = (
-        0.0  # wall time of the engine thread inside lookup, start_restore, load, write_back
-    )
+    # the engine thread's wall time inside lookup, start_restore, load and write_back: in all, and per call
+    engine_seconds: float = 0.0
+    engine_seconds_by_call: dict[str, float] = field(default_factory=dict)
 
 
 def engine_call(method):
     """A HostTier method the engine thread calls: its wall time counts into `stats.engine_seconds`."""
+    name = method.__name__
 
     @functools.wraps(method)
     def timed(self, *args, **kwargs):
@@ -40,6 +41,9 @@ def engine_call(method):
         try:
             return method(self, *args, **kwargs)
         finally:
-            self.stats.engine_seconds += time.perf_counter() - start
+            seconds = time.perf_counter() - start
+            stats = self.stats
+            stats.engine_seconds += seconds
+            stats.engine_seconds_by_call[name] = stats.engine_seconds_by_call.get(name, 0.0) + seconds
 
     return timed
