@@ -15,6 +15,7 @@ from flashstate.engine.cuda_graph import DecodeGraphs
 from flashstate.engine.decode_inputs import DecodeInputs
 from flashstate.engine.scheduler import ScheduledBatch
 from flashstate.engine.sequence import Sequence
+from flashstate.h2d import upload
 from flashstate.layers.metadata import ForwardMetadata
 from flashstate.layers.sampler import Sampler, SamplingBatch
 from flashstate.models.base import HybridForCausalLM
@@ -138,7 +139,7 @@ class ModelRunner:
             exports=batch.exports,
             device=self.device,
         )
-        return torch.tensor(tokens, dtype=torch.long, device=self.device), meta
+        return upload(tokens, torch.long, self.device), meta
 
     def is_decode(self, batch: ScheduledBatch) -> bool:
         """One token per sequence, each sampling, nothing exported: the persistent inputs can run it."""
@@ -223,7 +224,7 @@ class ModelRunner:
         if src == list(range(n)):
             tokens = prev.sampled[:n]
         else:
-            tokens = prev.sampled[torch.tensor(src, dtype=torch.long, device=self.device)]
+            tokens = prev.sampled[upload(src, torch.long, self.device)]
         self.inputs.feed(tokens, self._stop_table(seqs, stop_ids))
         return self._launch_sampling(seqs, self._forward_decode(n, bs, graphs, tables_changed), start)
 
@@ -235,7 +236,7 @@ class ModelRunner:
             table = None
             if width:
                 rows = [sorted(s) + [-1] * (width - len(s)) for s in stop_ids]
-                table = torch.tensor(rows, dtype=torch.int64, device=self.device)
+                table = upload(rows, torch.int64, self.device)
             self._stops = (list(seqs), ids, table)
         return self._stops[2]
 
@@ -261,7 +262,7 @@ class ModelRunner:
             hidden = self.model(input_ids, meta)
             rows = [i for i in range(n) if batch.samples(i)]
             if rows:
-                last = meta.cu_seqlens[1:][torch.tensor(rows, device=self.device)] - 1
+                last = meta.cu_seqlens[1:][upload(rows, torch.long, self.device)] - 1
                 logits = self.model.compute_logits(hidden[last]).float()
         token_ids: list[int | None] = [None] * n
         logprobs: list[float | None] = [None] * n

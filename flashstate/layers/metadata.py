@@ -23,6 +23,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from flashstate.h2d import upload
+
 
 @dataclass(slots=True)
 class ForwardMetadata:
@@ -103,9 +105,7 @@ class ForwardMetadata:
             export_slots.append(slot)
 
         def t(x, dtype: torch.dtype = torch.int64) -> Tensor:
-            if isinstance(x, np.ndarray):
-                return torch.from_numpy(x).to(device=device, dtype=dtype)
-            return torch.tensor(x, dtype=dtype, device=device)
+            return upload(x, dtype, device)
 
         return cls(
             cu_seqlens=t(cu),

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from flashstate.h2d import upload
 from flashstate.sampling_params import SamplingParams
 
 
@@ -72,11 +73,12 @@ class SamplingBatch:
         asked = [p.logprobs for p in params if p.logprobs is not None]
 
         def t(x: list, dtype: torch.dtype) -> Tensor:
-            return torch.tensor(x, dtype=dtype, device=device)
+            return upload(x, dtype, device)
 
         return cls(
-            temperatures=t([1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)],
-                           torch.float32),
+            temperatures=t(
+                [1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)], torch.float32
+            ),
             greedy=t(greedy, torch.bool),
             top_k=t([p.top_k or 0 for p in params], torch.int64),
             top_p=t([p.top_p for p in params], torch.float32),

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from flashstate.engine.cache_tensors import CacheTensors, kv_tensors
+from flashstate.h2d import upload
 
 Spec = tuple[torch.dtype, tuple[int, ...]]
 
@@ -48,7 +49,7 @@ class StateTransfer:
         """KV of the first `num_tokens` positions of `blocks` into `out` (kv_specs order)."""
         if num_tokens == 0:
             return
-        idx = torch.tensor(blocks, device=self.device)
+        idx = upload(blocks, torch.int64, self.device)
         caches = kv_tensors(self.caches.kv)
         for cache, dst in zip(caches, out, strict=True):
             dst.copy_(cache.index_select(0, idx).flatten(0, 1)[:num_tokens], non_blocking=True)
@@ -89,7 +90,7 @@ class StateTransfer:
             full = n // b
             s = s.to(self.device, non_blocking=True)
             if full:
-                idx = torch.tensor(blocks[:full], device=self.device)
+                idx = upload(blocks[:full], torch.int64, self.device)
                 cache.index_copy_(0, idx, s[: full * b].view(full, b, *s.shape[1:]))
             if n % b:
                 cache[blocks[full], : n % b].copy_(s[full * b :])

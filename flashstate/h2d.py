@@ -1,0 +1,25 @@
+"""Host → device uploads that never wait for the device.
+
+`torch.tensor(data, device="cuda")` copies out of pageable memory and synchronises with the stream: the
+host waits until every kernel already queued on it has run. Under async scheduling, and beside a host
+restore's copies, that is a whole step. `upload` goes through page-locked memory instead (torch's caching
+host allocator keeps the buffer until the copy has run), so the host returns at once."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+def upload(data: list | np.ndarray, dtype: torch.dtype, device: torch.device | str) -> Tensor:
+    """`data` as a `dtype` tensor on `device`; on CUDA, copied asynchronously on the current stream."""
+    device = torch.device(device)
+    host = (
+        torch.from_numpy(data).to(dtype) if isinstance(data, np.ndarray) else torch.tensor(data, dtype=dtype)
+    )
+    if device.type != "cuda":
+        return host.to(device)
+    if host.numel() == 0:
+        return torch.empty(host.shape, dtype=dtype, device=device)
+    return host.pin_memory().to(device, non_blocking=True)
