@@ -57,10 +57,10 @@ def dump_stacks_when_stuck() -> None:
 
 def _serve(config: EngineConfig, model_dir: str, rank: int, port: int, conn: Connection) -> None:
     from flashstate.cache.memory_plan import cache_budget
+    from flashstate.device import resolve_device
     from flashstate.engine.cache_tensors import CacheTensors
     from flashstate.engine.cuda_graph import DecodeGraphs
     from flashstate.engine.decode_inputs import DecodeInputs
-    from flashstate.engine.llm_engine import resolve_device
     from flashstate.models.loader import load_model
     from flashstate.models.spec import DTYPES
 

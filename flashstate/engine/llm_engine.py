@@ -25,6 +25,7 @@ from flashstate.cache.memory_plan import CachePlan, cache_budget, plan_cache, vl
 from flashstate.cache.policy import build_policy
 from flashstate.cache.state_pool import StatePool
 from flashstate.config import EngineConfig
+from flashstate.device import resolve_device
 from flashstate.engine.cache_tensors import CacheTensors
 from flashstate.engine.calibration import load_or_calibrate, max_calibration_tokens
 from flashstate.engine.model_runner import InFlight, ModelRunner
@@ -39,12 +40,6 @@ from flashstate.sampling_params import SamplingParams
 from flashstate.tokenizer import Tokenizer
 
 logger = logging.getLogger("flashstate")
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 class LLMEngine:
@@ -276,9 +271,7 @@ class LLMEngine:
 
     def _may_pipeline(self) -> bool:
         return (
-            self.config.async_scheduling
-            and self.runner.inputs is not None
-            and self.runner.on_logits is None
+            self.config.async_scheduling and self.runner.inputs is not None and self.runner.on_logits is None
         )
 
     def _pipeline(self, batch: ScheduledBatch, flight: InFlight) -> list[RequestOutput]:
@@ -394,9 +387,8 @@ class LLMEngine:
         if trace is not None:
             trace.close()
         if self.tp is not None:
-            runner = getattr(self, "runner", None)
-            if runner is not None:
-                runner.release_graphs()
+            if hasattr(self, "runner"):  # graphs holding NCCL kernels go before the NCCL group
+                self.runner.release_graphs()
             self.tp.shutdown()
 
     def check_integrity(self) -> None:

@@ -10,12 +10,12 @@ from typing import Protocol
 
 import torch
 
+from flashstate.device import upload
 from flashstate.engine.cache_tensors import CacheTensors
 from flashstate.engine.cuda_graph import DecodeGraphs
 from flashstate.engine.decode_inputs import DecodeInputs
 from flashstate.engine.scheduler import ScheduledBatch
 from flashstate.engine.sequence import Sequence
-from flashstate.h2d import upload
 from flashstate.layers.metadata import ForwardMetadata
 from flashstate.layers.sampler import Sampler, SamplingBatch
 from flashstate.models.base import HybridForCausalLM

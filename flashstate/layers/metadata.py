@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from flashstate.h2d import upload
+from flashstate.device import upload
 
 
 @dataclass(slots=True)

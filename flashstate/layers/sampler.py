@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from flashstate.h2d import upload
+from flashstate.device import upload
 from flashstate.sampling_params import SamplingParams
 
 

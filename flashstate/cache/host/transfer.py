@@ -18,8 +18,8 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from flashstate.device import upload
 from flashstate.engine.cache_tensors import CacheTensors, kv_tensors
-from flashstate.h2d import upload
 
 Spec = tuple[torch.dtype, tuple[int, ...]]
 

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from flashstate.h2d import upload
+from flashstate.device import upload
 
 
 @pytest.mark.parametrize(

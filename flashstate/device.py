@@ -1,4 +1,4 @@
-"""Host → device uploads that never wait for the device.
+"""The engine's device (`resolve_device`), and host → device uploads that never wait for it (`upload`).
 
 `torch.tensor(data, device="cuda")` copies out of pageable memory and synchronises with the stream: the
 host waits until every kernel already queued on it has run. Under async scheduling, and beside a host
@@ -10,6 +10,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 from torch import Tensor
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto`: cuda when present, else cpu."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
 
 
 def upload(data: list | np.ndarray, dtype: torch.dtype, device: torch.device | str) -> Tensor:
