@@ -30,14 +30,34 @@ class AsyncEngine:
     request never waits for a step to end before it is accepted, and a busy engine cannot starve arrivals."""
 
     def __init__(self, config: EngineConfig | None = None, engine: LLMEngine | None = None):
-        self.engine = engine or LLMEngine(config)
+        self.engine = engine  # when None, built on the engine thread before the constructor returns
         self._wake = threading.Event()
         self._stopped = False
         self._error: BaseException | None = None
         self._inbox: deque[RequestState | str] = deque()  # a request to add, or the id of one to abort
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
-        self._thread = threading.Thread(target=self._loop, name="flashstate-engine", daemon=True)
+        built = threading.Event()
+        failed: list[BaseException] = []
+        self._thread = threading.Thread(
+            target=self._run, args=(config, built, failed), name="flashstate-engine", daemon=True
+        )
         self._thread.start()
+        built.wait()
+        if failed:
+            raise failed[0]
+
+    def _run(self, config: EngineConfig | None, built: threading.Event, failed: list[BaseException]) -> None:
+        # The engine is built where it steps: on the CPU, torch ops in a thread other than the one whose
+        # OpenMP pool ran first are 2-3x slower (benchmarks/server_stream.py).
+        try:
+            if self.engine is None:
+                self.engine = LLMEngine(config)
+        except BaseException as e:  # noqa: BLE001 — raised again in the constructor's thread
+            failed.append(e)
+            return
+        finally:
+            built.set()
+        self._loop()
 
     async def generate(
         self,

@@ -1,9 +1,11 @@
 import asyncio
+import threading
 import time
 
 import pytest
 import torch
 
+import flashstate.engine.async_engine as async_engine
 from flashstate import EngineConfig, SamplingParams
 from flashstate.engine.async_engine import AsyncEngine
 from flashstate.engine.llm_engine import LLMEngine
@@ -189,3 +191,22 @@ def test_catching_up_keeps_the_text_of_a_request_with_stop_strings(engine):
     assert "".join(deltas) == last.text and stop not in last.text
     assert len(deltas) < len(last.token_ids)
     assert _full(engine)
+
+
+def test_the_engine_is_built_on_its_own_thread_and_a_failed_build_raises_here(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+
+    built_on = []
+
+    class Recording(LLMEngine):
+        def __init__(self, config):
+            built_on.append(threading.current_thread().name)
+            super().__init__(config)
+
+    monkeypatch.setattr(async_engine, "LLMEngine", Recording)
+    eng = AsyncEngine(EngineConfig(model=tiny_model_dir))
+    eng.shutdown()
+    assert built_on == ["flashstate-engine"]  # where it steps: no second thread's torch ops on the CPU
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        AsyncEngine(EngineConfig(model=str(tmp_path / "missing")))
