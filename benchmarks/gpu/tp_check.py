@@ -13,7 +13,8 @@
    --small: tiny preset, 512 tokens, batch 4.
    `--only exactness|throughput` runs one part (each fits the device's 10-minute command limit better).
    `--ieee`: FLA's fp32 dots in IEEE precision instead of TF32, to tell a near tie flipped by TF32 rounding
-   from a sharding error.
+   from a sharding error. `--reference-ops`: the same question without compiling anything, every op's
+   plain-torch oracle on the GPU with TF32 off.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from engine_setup import profiled_step  # noqa: E402
 from flashstate import LLM, SamplingParams  # noqa: E402
 from flashstate.distributed.worker import dump_stacks_when_stuck  # noqa: E402
 from flashstate.models.presets import preset_dir  # noqa: E402
+from flashstate.ops.backend import use_reference_ops  # noqa: E402
 
 TINY = ["tiny", "tiny-nemotron-h", "tiny-kimi-linear"]
 
@@ -73,14 +75,18 @@ def _workload(llm: LLM, seed: int, turn_tokens: int) -> tuple[list[list[int]], l
     return [o.token_ids for o in every], [o.logprobs for o in every], [o.num_cached_tokens for o in outs]
 
 
-def check_exactness(presets: list[str], tp: int, device: str, turn_tokens: int) -> list[dict]:
+def check_exactness(
+    presets: list[str], tp: int, device: str, turn_tokens: int, eager: bool = False
+) -> list[dict]:
     rows = []
     for preset in presets:
         result = {}
         for n in (1, tp):
             kw = {"dtype": "float32", "block_size": 16, "max_num_batched_tokens": 64, "max_model_len": 4096}
             # 8 sequences at most: a ~2B preset's fp32 states are ~40 MB each
-            llm = _engine(preset, n, device, kv_cache_memory_bytes=4 << 30, max_num_seqs=8, **kw)
+            llm = _engine(
+                preset, n, device, kv_cache_memory_bytes=4 << 30, max_num_seqs=8, enforce_eager=eager, **kw
+            )
             start = time.perf_counter()
             result[n] = (
                 *_workload(llm, seed=len(preset), turn_tokens=turn_tokens),
@@ -208,6 +214,12 @@ def main() -> None:
         help="fp32 Triton dots in IEEE precision, not TF32 (TRITON_F32_DEFAULT=ieee; every rank inherits it)",
     )
     p.add_argument(
+        "--reference-ops",
+        action="store_true",
+        help="the exactness part with every op's plain-torch oracle on the GPU too, TF32 off, decode eager: "
+        "no kernel compiles, and only the all-reduce's summation order differs between TP=1 and TP=N",
+    )
+    p.add_argument(
         "--stack-dump-s",
         type=float,
         default=0,
@@ -216,6 +228,10 @@ def main() -> None:
     args = p.parse_args()
     if args.ieee:
         os.environ["TRITON_F32_DEFAULT"] = "ieee"  # read when a kernel compiles: before the first one
+    if args.reference_ops:
+        use_reference_ops()
+        os.environ["NVIDIA_TF32_OVERRIDE"] = "0"  # cuBLAS / cuDNN in every rank (the workers inherit it)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     if args.device.startswith("cuda") and torch.cuda.device_count() < args.tp:
         sys.exit(f"tp_check: needs {args.tp} GPUs, {torch.cuda.device_count()} visible")
     presets = TINY if args.small else [*TINY, "qwen3-next-2b"]
@@ -229,13 +245,17 @@ def main() -> None:
         else f"cpu ({os.cpu_count()} cores)",
         "tp": args.tp,
         "ieee": args.ieee,
+        "reference_ops": args.reference_ops,
         "small": args.small,
     }
     if args.stack_dump_s:  # every rank (the workers inherit the variable) dumps its stacks when stuck
         os.environ["FLASHSTATE_STACK_DUMP_S"] = str(args.stack_dump_s)
         dump_stacks_when_stuck()
     if args.only != "throughput":
-        out["exactness"] = check_exactness(presets, args.tp, args.device, 40 if args.small else 300)
+        turn_tokens = 40 if args.small else 300
+        out["exactness"] = check_exactness(
+            presets, args.tp, args.device, turn_tokens, eager=args.reference_ops
+        )
         _save(out, args.only)
     bench = ("tiny", 512, 4, 16) if args.small else ("qwen3-next-2b", 8192, 16, 64)
     if args.only != "exactness":

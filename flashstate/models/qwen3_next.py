@@ -20,7 +20,7 @@ from flashstate.models.base import AttentionMixer, HybridForCausalLM, LinearMixe
 from flashstate.models.spec import AttentionSpec, LinearSpec, ModelSpec, MoeSpec, UnsupportedModelError
 from flashstate.ops.activation import sigmoid_mul, silu_mul
 from flashstate.ops.attention import paged_attention
-from flashstate.ops.backend import dense_on_cpu
+from flashstate.ops.backend import dense_on_cpu, gpu_kernels
 from flashstate.ops.gated_delta_rule import chunk_gated_delta_rule, decode_gated_delta_rule_in_place
 from flashstate.ops.gdn_gating import gdn_gating
 from flashstate.ops.norm.naive import rms_norm as naive_rms_norm
@@ -42,7 +42,7 @@ class Qwen3NextRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.is_cuda:
+        if gpu_kernels(x):
             from flashstate.ops.norm.triton import rms_norm
 
             return rms_norm(x, self.weight, self.eps, offset=1.0)
@@ -52,7 +52,7 @@ class Qwen3NextRMSNorm(nn.Module):
         """s = residual + x (x alone when residual is None) → (norm(s), s); one fused kernel on CUDA."""
         if residual is None:
             return self(x), x
-        if x.is_cuda:
+        if gpu_kernels(x):
             from flashstate.ops.norm.triton import add_rms_norm
 
             return add_rms_norm(x, residual, self.weight, self.eps, offset=1.0)
@@ -69,7 +69,7 @@ class Qwen3NextRMSNormGated(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor, z: Tensor) -> Tensor:
-        if x.is_cuda:
+        if gpu_kernels(x):
             from flashstate.ops.norm.triton import gated_rms_norm
 
             return gated_rms_norm(x, z, self.weight, self.eps)

@@ -1,17 +1,35 @@
 """Backend choice for the ops: CUDA tensors go to the GPU kernels (FLA / Triton, imported on first use),
-everything else to the plain-torch oracles in `naive.py`."""
+everything else to the plain-torch oracles in `naive.py`. `use_reference_ops()` (or FLASHSTATE_REFERENCE_OPS=1
+in the environment) sends CUDA tensors to the oracles too: a check free of TF32 and of kernel compiles."""
 
 from __future__ import annotations
 
 import importlib
+import os
 from types import ModuleType
 
 from torch import Tensor
 
+_REFERENCE_ENV = "FLASHSTATE_REFERENCE_OPS"
+_reference = os.environ.get(_REFERENCE_ENV) == "1"
+
+
+def use_reference_ops() -> None:
+    """The oracles for every op from now on, in this process and in the processes it starts (the
+    tensor-parallel workers read the variable when they import this module)."""
+    global _reference
+    _reference = True
+    os.environ[_REFERENCE_ENV] = "1"
+
+
+def gpu_kernels(probe: Tensor) -> bool:
+    """Whether an op on `probe` runs a GPU kernel: on CUDA, unless the oracles were asked for."""
+    return probe.is_cuda and not _reference
+
 
 def backend(package: str, gpu_module: str, probe: Tensor) -> ModuleType:
-    """`flashstate.ops.<package>.<gpu_module>` when `probe` lives on a CUDA device, else `.naive`."""
-    name = gpu_module if probe.is_cuda else "naive"
+    """`flashstate.ops.<package>.<gpu_module>` when `probe` takes the GPU kernels, else `.naive`."""
+    name = gpu_module if gpu_kernels(probe) else "naive"
     return importlib.import_module(f"flashstate.ops.{package}.{name}")
 
 

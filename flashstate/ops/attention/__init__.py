@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from flashstate.ops.backend import backend
+from flashstate.ops.backend import backend, gpu_kernels
 
 SDPA_MIN_SPAN = 256
 SDPA_MAX_HEAD_DIM = 256  # cuDNN / FlashAttention; MLA's latent heads (576 / 512) take the Triton kernel
@@ -19,7 +19,7 @@ SDPA_MAX_HEAD_DIM = 256  # cuDNN / FlashAttention; MLA's latent heads (576 / 512
 def fresh_prefill(q: Tensor, cu_seqlens: Tensor, context_lens: Tensor) -> bool:
     """CUDA, and every span is a whole prompt of at least SDPA_MIN_SPAN tokens (no cached prefix): what
     torch's fused SDPA serves best. One host sync, for long batches only (decode never gets there)."""
-    if not q.is_cuda or q.shape[0] < SDPA_MIN_SPAN * context_lens.numel():
+    if not gpu_kernels(q) or q.shape[0] < SDPA_MIN_SPAN * context_lens.numel():
         return False
     spans = cu_seqlens.diff()
     return bool(((spans >= SDPA_MIN_SPAN) & (spans == context_lens)).all())
@@ -29,7 +29,7 @@ def long_spans(q: Tensor, cu_seqlens: Tensor) -> bool:
     """CUDA, and every span brings at least SDPA_MIN_SPAN new tokens (over a cached prefix or not): a
     prefill batch that fused SDPA serves better than the paged kernel when K/V can be laid out per head
     (MLA expands its latents). One host sync, for long batches only."""
-    if not q.is_cuda or q.shape[0] < SDPA_MIN_SPAN * (cu_seqlens.numel() - 1):
+    if not gpu_kernels(q) or q.shape[0] < SDPA_MIN_SPAN * (cu_seqlens.numel() - 1):
         return False
     return bool((cu_seqlens.diff() >= SDPA_MIN_SPAN).all())
 
