@@ -213,6 +213,7 @@ def main() -> None:
         action="store_true",
         help="fp32 Triton dots in IEEE precision, not TF32 (TRITON_F32_DEFAULT=ieee; every rank inherits it)",
     )
+    p.add_argument("--skip-eager", action="store_true", help="throughput: no TP=N enforce_eager run")
     p.add_argument(
         "--reference-ops",
         action="store_true",
@@ -262,7 +263,8 @@ def main() -> None:
         out["throughput_preset"] = bench[0]
         out["throughput"] = []
         # TP=N with graphs last: a run cut short (or stuck) keeps the rows before it
-        for n, eager in [(1, False), (args.tp, True), (args.tp, False)]:
+        runs = [(1, False), (args.tp, True), (args.tp, False)]
+        for n, eager in [r for r in runs if not (args.skip_eager and r[1])]:
             out["throughput"].append(throughput(bench[0], n, eager, args.device, *bench[1:]))
             print(json.dumps(out["throughput"][-1]), flush=True)
             _save(out, args.only)
