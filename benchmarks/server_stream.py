@@ -32,6 +32,7 @@ import numpy as np
 import uvicorn
 
 from flashstate import EngineConfig, SamplingParams
+from flashstate.bench.step_summary import summarize_rows
 from flashstate.engine.async_engine import AsyncEngine
 from flashstate.engine.llm_engine import LLMEngine
 from flashstate.server.app import build_app
@@ -77,24 +78,27 @@ def params(n: int) -> SamplingParams:
     return SamplingParams(temperature=0, ignore_eos=True, max_tokens=n)
 
 
+def new_trace() -> str:
+    return str(Path(tempfile.mkdtemp()) / "steps.jsonl")
+
+
 def decode_steps(trace: str) -> dict:
-    """Mean decode-step time and its fit over batch size, from a step trace."""
+    """The step summary's decode rows (bench/step_summary.py), and the decode step's fit over batch size."""
     rows = [json.loads(line) for line in Path(trace).read_text().splitlines()]
+    summary = summarize_rows(rows)
     decode = [r for r in rows if not r["prefill_tokens"] and r["decode_seqs"]]
     ms = np.array([r["ms"] for r in decode])
     batch = np.array([r["decode_seqs"] for r in decode], dtype=float)
     fit = np.polyfit(batch, ms, 1) if np.ptp(batch) > 0 else (float("nan"), float("nan"))
     return {
-        "decode_steps": len(decode),
-        "decode_step_ms_mean": float(ms.mean()),
-        "decode_batch_mean": float(batch.mean()),
+        **{k: summary[k] for k in ("decode_steps", "decode_step_ms_mean", "decode_batch_mean")},
         "per_seq_ms": float(fit[0]),
         "base_ms": float(fit[1]),
     }
 
 
 def direct(args: argparse.Namespace) -> dict:
-    trace = str(Path(tempfile.mkdtemp()) / "steps.jsonl")
+    trace = new_trace()
     engine = stubbed(LLMEngine(make_config(args, trace)), args)
     for p, n in zip(prompts(args), lengths(args), strict=True):
         engine.add_request(p, params(n))
@@ -110,7 +114,7 @@ def direct(args: argparse.Namespace) -> dict:
 def threaded(args: argparse.Namespace) -> dict:
     """The engine on the AsyncEngine's thread (built there, as the server builds it), consumed by asyncio in
     this thread: no HTTP."""
-    trace = str(Path(tempfile.mkdtemp()) / "steps.jsonl")
+    trace = new_trace()
     engine = AsyncEngine(make_config(args, trace))
     stubbed(engine.engine, args)
 
@@ -152,7 +156,7 @@ def load(port: int, model: str, prompt_list: list[list[int]], tokens: list[int])
 
 
 def served(args: argparse.Namespace) -> dict:
-    trace = str(Path(tempfile.mkdtemp()) / "steps.jsonl")
+    trace = new_trace()
     engine = AsyncEngine(make_config(args, trace))
     stubbed(engine.engine, args)
     config = engine.engine.config

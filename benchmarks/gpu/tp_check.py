@@ -263,8 +263,8 @@ def main() -> None:
         out["throughput_preset"] = bench[0]
         out["throughput"] = []
         # TP=N with graphs last: a run cut short (or stuck) keeps the rows before it
-        runs = [(1, False), (args.tp, True), (args.tp, False)]
-        for n, eager in [r for r in runs if not (args.skip_eager and r[1])]:
+        runs = [(1, False), *([] if args.skip_eager else [(args.tp, True)]), (args.tp, False)]
+        for n, eager in runs:
             out["throughput"].append(throughput(bench[0], n, eager, args.device, *bench[1:]))
             print(json.dumps(out["throughput"][-1]), flush=True)
             _save(out, args.only)

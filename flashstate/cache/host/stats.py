@@ -26,9 +26,12 @@ class HostTierStats:
     evictions: int = 0
     outages: int = 0
     reconnects: int = 0
-    # the engine thread's wall time inside lookup, start_restore, load and write_back: in all, and per call
-    engine_seconds: float = 0.0
+    # the engine thread's wall time inside lookup, start_restore, load and write_back, per call
     engine_seconds_by_call: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def engine_seconds(self) -> float:
+        return sum(self.engine_seconds_by_call.values())
 
 
 def engine_call(method):
@@ -41,9 +44,7 @@ def engine_call(method):
         try:
             return method(self, *args, **kwargs)
         finally:
-            seconds = time.perf_counter() - start
-            stats = self.stats
-            stats.engine_seconds += seconds
-            stats.engine_seconds_by_call[name] = stats.engine_seconds_by_call.get(name, 0.0) + seconds
+            by_call = self.stats.engine_seconds_by_call
+            by_call[name] = by_call.get(name, 0.0) + time.perf_counter() - start
 
     return timed
