@@ -54,7 +54,7 @@ runs=()
 case "$mode" in
   policies)
     IFS=, read -r -a names <<< "${POLICIES:-flashstate,vllm,sglang,none}"
-    reference="${names[0]}"
+    reference=""
     for p in "${names[@]}"; do
       if [ "$p" = flashstate ] && [ -n "${HOST_BYTES:-}" ]; then  # the full flashstate: with its host tier
         runs+=("flashstate-host|--variant flashstate-host=flashstate --host-cache memory --host-cache-bytes $HOST_BYTES")
@@ -63,6 +63,7 @@ case "$mode" in
       fi
       [ "$p" != vllm ] || reference=vllm
     done
+    [ -n "$reference" ] || reference="${runs[0]%%|*}"
     ;;
   ablation)
     runs=(

@@ -159,8 +159,13 @@ def parse_prometheus(text: str) -> dict[str, float]:
 
 
 def metrics_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """after − before for every sample in both."""
-    return {k: after[k] - before[k] for k in after if k in before}
+    """after − before for every sample in both, and for a counter first seen after (a labelled counter
+    appears at its first increment: it was 0 before)."""
+    return {
+        k: after[k] - before.get(k, 0.0)
+        for k in after
+        if k in before or k.split("{", 1)[0].endswith("_total")
+    }
 
 
 def server_sum(samples: dict[str, float], name: str) -> float | None:

@@ -233,7 +233,9 @@ class CacheManager:
             seq.restore.cancel()
             seq.restore = None
         if commit and self.host is not None and seq.num_computed_tokens and seq.state_slot is not None:
-            self.host.write_back(seq.token_ids, seq.num_computed_tokens, seq.block_table, seq.state_slot)
+            self.host.write_back(
+                seq.token_ids, seq.num_computed_tokens, seq.block_table, seq.state_slot, seq.host_chain
+            )
         frontier = self.enabled and self.policy.frontier
         if commit and frontier and seq.num_computed_tokens and seq.state_slot is not None:
             slot, seq.state_slot = seq.state_slot, None
@@ -273,7 +275,7 @@ class CacheManager:
         caller). KV the GPU tree still holds (whole chunks up to match.kv_depth) is shared; the later
         chunks and the state object are fetched in the background (`seq.restore`, polled by
         `poll_restore`). False (nothing changed) when there is none or no blocks can be had."""
-        hit = self.host.lookup(seq.token_ids, len(seq.token_ids) - 1, floor=match.depth)
+        hit = self.host.lookup(seq.token_ids, len(seq.token_ids) - 1, match.depth, seq.host_chain)
         if hit is None or hit.depth <= match.depth:
             return False
         first = min(match.kv_depth, hit.depth) // self.host.layout.chunk_tokens

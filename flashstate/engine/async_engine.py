@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 from collections import deque
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from flashstate.config import EngineConfig
 from flashstate.engine.llm_engine import LLMEngine
 from flashstate.engine.outputs import RequestOutput
 from flashstate.engine.request_state import RequestState
+from flashstate.engine.stack_sampler import ENV as STACK_SAMPLE_ENV
+from flashstate.engine.stack_sampler import StackSampler
 from flashstate.sampling_params import SamplingParams
 
 logger = logging.getLogger("flashstate")
@@ -57,7 +61,14 @@ class AsyncEngine:
             return
         finally:
             built.set()
-        self._loop()
+        path = os.environ.get(STACK_SAMPLE_ENV)
+        sampler = StackSampler(threading.get_ident()).start() if path else None
+        try:
+            self._loop()
+        finally:
+            if sampler is not None:
+                sampler.stop()
+                Path(path).write_text(sampler.report())
 
     async def generate(
         self,

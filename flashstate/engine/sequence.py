@@ -56,6 +56,7 @@ class Sequence:
     state_slot: int | None = None
     cache_handle: object | None = None  # the prefix cache's lock on the matched path
     restore: HostRestore | None = None  # a host-tier restore in flight (status RESTORING)
+    host_chain: list[bytes] = field(default_factory=list)  # host-tier chunk hashes of token_ids so far
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: int | str | None = None

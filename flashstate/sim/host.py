@@ -83,11 +83,13 @@ class SimHostTier:
             _, _, key, chunks = heapq.heappop(self._writes)
             self.index.mark_written(key, chunks)
 
-    def write_back(self, tokens: list[int], depth: int, blocks: list[int], slot: int) -> None:
+    def write_back(
+        self, tokens: list[int], depth: int, blocks: list[int], slot: int, chain: list[bytes] | None = None
+    ) -> None:
         if depth < 1:
             return
         self._land_writes()
-        last, key, chunk_keys = self.layout.keys(tokens, depth)
+        last, key, chunk_keys = self.layout.keys(tokens, depth, chain)
         if self.index.touch(key):
             return
         new = [k for k in chunk_keys if k not in self.index.chunks]
@@ -100,11 +102,13 @@ class SimHostTier:
         self._order += 1
         heapq.heappush(self._writes, (lands, self._order, key, new))
 
-    def lookup(self, tokens: list[int], limit: int, floor: int = 0) -> HostHit | None:
+    def lookup(
+        self, tokens: list[int], limit: int, floor: int = 0, chain: list[bytes] | None = None
+    ) -> HostHit | None:
         self._land_writes()
         if not len(self.index):
             return None
-        hit = self.index.find(tokens, limit, self.layout.chain(tokens, limit), self.layout)
+        hit = self.index.find(tokens, limit, self.layout.chain(tokens, limit, chain), self.layout)
         return hit if hit is not None and hit.depth > floor else None
 
     def start_restore(

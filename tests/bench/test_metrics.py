@@ -82,9 +82,14 @@ def test_prometheus_parse_delta_and_sum():
         'flashstate:evictions_total{model_name="m",reason="lru"}',
         'flashstate:evictions_total{model_name="m",reason="gds"}',
     }
-    after = dict(before) | {'vllm:prefix_cache_hits_total{model_name="m"}': 250.0, "new_metric": 1.0}
+    after = dict(before) | {
+        'vllm:prefix_cache_hits_total{model_name="m"}': 250.0,
+        "new_metric": 1.0,
+        'flashstate:host_cache_engine_seconds_total{call="load"}': 2.5,
+    }
     delta = metrics_delta(before, after)
     assert server_sum(delta, "vllm:prefix_cache_hits") == 150.0 and "new_metric" not in delta
+    assert server_sum(delta, "flashstate:host_cache_engine_seconds") == 2.5  # a counter first seen after
     assert server_sum(before, "flashstate:evictions") == 3.0 and server_sum(before, "nope") is None
 
 

@@ -8,11 +8,13 @@ its tensors as views into the buffer (no copy); a wrong magic, checksum, key or 
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 import zlib
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 MAGIC = b"FSH1"
@@ -27,8 +29,22 @@ def _align(n: int) -> int:
 
 
 def _layout(key: str, specs: list[tuple[torch.dtype, tuple[int, ...]]]) -> tuple[bytes, list[int], int]:
-    header = json.dumps({"key": key, "tensors": [[str(d), list(s)] for d, s in specs]}).encode()
-    offset = _align(_PREFIX.size + len(header))
+    tensors = _tensors_json(tuple((d, tuple(s)) for d, s in specs))
+    header = ('{"key": ' + json.dumps(key) + ', "tensors": ' + tensors + "}").encode()
+    offsets, total = _offsets(len(header), tuple((d, tuple(s)) for d, s in specs))
+    return header, list(offsets), total
+
+
+@functools.lru_cache(maxsize=64)
+def _tensors_json(specs: tuple[tuple[torch.dtype, tuple[int, ...]], ...]) -> str:
+    return json.dumps([[str(d), list(s)] for d, s in specs])
+
+
+@functools.lru_cache(maxsize=256)
+def _offsets(
+    header_len: int, specs: tuple[tuple[torch.dtype, tuple[int, ...]], ...]
+) -> tuple[tuple[int, ...], int]:
+    offset = _align(_PREFIX.size + header_len)
     offsets = []
     for dtype, shape in specs:
         offsets.append(offset)
@@ -36,14 +52,15 @@ def _layout(key: str, specs: list[tuple[torch.dtype, tuple[int, ...]]]) -> tuple
         for d in shape:
             n *= d
         offset = _align(offset + n)
-    return header, offsets, offset
+    return tuple(offsets), offset
 
 
 class ObjectBuilder:
     """An object whose tensors are filled in place (e.g. by device → host copies), then sealed.
 
     b = ObjectBuilder(key, [(dtype, shape), …], allocate)
-    b.tensors[i].copy_(…)      # views into b.buffer
+    b.tensors[i].copy_(…)      # views into b.buffer (made on first use)
+    b.layout                   # [(byte offset in b.buffer, dtype, shape)] of its tensors
     b.seal()                   # after every copy has landed: writes the checksum
     """
 
@@ -58,11 +75,17 @@ class ObjectBuilder:
         alloc = allocate or (lambda n: torch.empty(n, dtype=torch.uint8))
         self.buffer = alloc(total)
         self._header_len = len(header)
-        self.buffer[_PREFIX.size : _PREFIX.size + len(header)] = torch.frombuffer(
-            bytearray(header), dtype=torch.uint8
-        )
-        self.buffer[_PREFIX.size + len(header) : offsets[0] if offsets else total] = 0
-        self.tensors = [_view(self.buffer, o, d, s) for o, (d, s) in zip(offsets, specs, strict=True)]
+        raw = self.buffer.numpy()
+        raw[_PREFIX.size : _PREFIX.size + len(header)] = np.frombuffer(header, dtype=np.uint8)
+        raw[_PREFIX.size + len(header) : offsets[0] if offsets else total] = 0
+        self.layout = [(o, d, s) for o, (d, s) in zip(offsets, specs, strict=True)]
+        self._tensors: list[torch.Tensor] | None = None
+
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        if self._tensors is None:
+            self._tensors = [_view(self.buffer, o, d, s) for o, d, s in self.layout]
+        return self._tensors
 
     @property
     def nbytes(self) -> int:

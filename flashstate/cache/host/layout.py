@@ -31,7 +31,9 @@ def _h(*parts: bytes) -> bytes:
 
 
 def _token_bytes(tokens: list[int]) -> bytes:
-    return array("q", tokens).tobytes()
+    # 4 bytes a token: a chunk of 256 hashes as 1 KiB, below the 2 KiB from which hashlib lets go of the GIL
+    # (the engine thread then waits behind the server's threads to get it back: 2.9% of its time on the H200).
+    return array("I", tokens).tobytes()
 
 
 def weights_fingerprint(model: torch.nn.Module, sample: int = 4096) -> str:
@@ -71,18 +73,23 @@ class HostLayout:
         self.prefix = f"flashstate/{fingerprint}"
         self.root = _h(fingerprint.encode())
 
-    def chain(self, tokens: list[int], depth: int) -> list[bytes]:
-        """[h_0, h_1, …, h_j] for the j = floor(depth / C) full chunks of tokens[:depth]."""
+    def chain(self, tokens: list[int], depth: int, known: list[bytes] | None = None) -> list[bytes]:
+        """[h_0, h_1, …, h_j] for the j = floor(depth / C) full chunks of tokens[:depth]. `known`: the chain
+        hashed so far for this token list (which only grows), extended in place; no chunk is hashed twice."""
         c = self.chunk_tokens
-        hashes = [self.root]
-        for i in range(depth // c):
+        hashes = known if known is not None else []
+        if not hashes:
+            hashes.append(self.root)
+        for i in range(len(hashes) - 1, depth // c):
             hashes.append(_h(hashes[-1], _token_bytes(tokens[i * c : (i + 1) * c])))
-        return hashes
+        return hashes[: depth // c + 1]
 
-    def keys(self, tokens: list[int], depth: int) -> tuple[bytes, str, list[str]]:
+    def keys(
+        self, tokens: list[int], depth: int, known: list[bytes] | None = None
+    ) -> tuple[bytes, str, list[str]]:
         """The state of tokens[:depth]: the chain hash of its last whole chunk, its state key, and the keys
         of its whole chunks (the state object holds the tokens past them)."""
-        hashes = self.chain(tokens, depth)
+        hashes = self.chain(tokens, depth, known)
         return hashes[-1], self.state_key(hashes[-1], tokens, depth), [self.chunk_key(h) for h in hashes[1:]]
 
     def chunk_key(self, h: bytes) -> str:

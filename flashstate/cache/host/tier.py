@@ -126,8 +126,11 @@ class HostTier:
     # ---- write-back (engine thread) -----------------------------------------------------------------
 
     @engine_call
-    def write_back(self, tokens: list[int], depth: int, blocks: list[int], slot: int) -> None:
-        """Stage the hybrid state of tokens[:depth] (KV in `blocks`, linear states in `slot`)."""
+    def write_back(
+        self, tokens: list[int], depth: int, blocks: list[int], slot: int, chain: list[bytes] | None = None
+    ) -> None:
+        """Stage the hybrid state of tokens[:depth] (KV in `blocks`, linear states in `slot`). `chain`: the
+        hashes of `tokens` so far (HostLayout.chain's `known`)."""
         if depth < 1:
             return
         if not self.available:
@@ -135,7 +138,7 @@ class HostTier:
             return
         c, b = self.layout.chunk_tokens, self.block_size
         with self._lock:
-            last, key, chunk_keys = self.layout.keys(tokens, depth)
+            last, key, chunk_keys = self.layout.keys(tokens, depth, chain)
             if self.index.touch(key):
                 return
             new = [i for i, k in enumerate(chunk_keys) if k not in self.index.chunks]
@@ -160,8 +163,10 @@ class HostTier:
                 self.stats.writes_skipped += 1
                 self.stats.writes_without_buffer += 1
                 return
-        for i, obj in zip(new, objects, strict=False):
-            self.transfer.gather_kv(blocks[i * c // b : (i + 1) * c // b], c, obj.tensors)
+        chunk_blocks = [block for i in new for block in blocks[i * c // b : (i + 1) * c // b]]
+        chunks = objects[:-1]
+        if chunks:
+            self.transfer.gather_chunks(chunk_blocks, [o.buffer for o in chunks], chunks[0].layout)
         obj = objects[-1]
         n = self.transfer.num_state_tensors()
         self.transfer.gather_state(slot, obj.tensors[:n])
@@ -181,13 +186,16 @@ class HostTier:
     # ---- restore (engine thread) --------------------------------------------------------------------
 
     @engine_call
-    def lookup(self, tokens: list[int], limit: int, floor: int = 0) -> HostHit | None:
+    def lookup(
+        self, tokens: list[int], limit: int, floor: int = 0, chain: list[bytes] | None = None
+    ) -> HostHit | None:
         """The deepest restorable state at a depth in (floor, limit] on the path of `tokens`: from this
-        tier's index, else (a shared store) one another engine wrote, found by probing the store."""
+        tier's index, else (a shared store) one another engine wrote, found by probing the store. `chain`:
+        as for write_back."""
         if not self.available:
             return None
         self.stats.lookups += 1
-        hashes = self.layout.chain(tokens, limit)
+        hashes = self.layout.chain(tokens, limit, chain)
         hit = self._lookup_index(tokens, limit, hashes) if len(self.index) else None
         if self.store.shared:
             try:

@@ -22,6 +22,7 @@ from flashstate.device import upload
 from flashstate.engine.cache_tensors import CacheTensors, kv_tensors
 
 Spec = tuple[torch.dtype, tuple[int, ...]]
+Layout = tuple[int, torch.dtype, tuple[int, ...]]  # a tensor's byte offset in its object, dtype, shape
 
 
 class StateTransfer:
@@ -53,6 +54,29 @@ class StateTransfer:
         caches = kv_tensors(self.caches.kv)
         for cache, dst in zip(caches, out, strict=True):
             dst.copy_(cache.index_select(0, idx).flatten(0, 1)[:num_tokens], non_blocking=True)
+
+    def gather_chunks(
+        self, blocks: list[int], buffers: list[Tensor], layout: list[Layout], group_bytes: int = 64 << 20
+    ) -> None:
+        """The KV of whole chunks into host objects laid out alike: `buffers[i]` (uint8) receives the chunk
+        in blocks[i * n : (i + 1) * n] (n blocks a chunk), its tensors at `layout` (kv_specs order). Per group
+        of about `group_bytes`: per KV tensor one gather into device rows shaped like the objects' bytes,
+        then one device → host copy per object."""
+        caches = kv_tensors(self.caches.kv)
+        if not buffers or not caches:
+            return
+        lo, hi = layout[0][0], max(o + _nbytes(d, s) for o, d, s in layout)
+        per = layout[0][2][0] // self.block_size
+        step = max(group_bytes // (hi - lo), 1)
+        rel = [(o - lo, d, s) for o, d, s in layout]
+        for g in range(0, len(buffers), step):
+            group = buffers[g : g + step]
+            idx = upload(blocks[g * per : (g + len(group)) * per], torch.int64, self.device)
+            rows = torch.empty(len(group), _row_bytes(hi - lo), dtype=torch.uint8, device=self.device)
+            for cache, view in zip(caches, _views(rows, rel, self.block_size), strict=True):
+                view.copy_(cache.index_select(0, idx).view(view.shape))
+            for buffer, row in zip(group, rows, strict=True):
+                buffer[lo:hi].copy_(row[: hi - lo], non_blocking=True)
 
     def gather_state(self, slot: int, out: list[Tensor]) -> None:
         caches = [t for pair in self.caches.states for t in pair]
@@ -99,20 +123,25 @@ class StateTransfer:
         self, blocks: list[int], pieces: list[list[Tensor]], group_bytes: int = 256 << 20
     ) -> None:
         """Consecutive KV pieces (each in kv_specs order, n_i tokens; every piece but the last a whole
-        number of blocks) into `blocks` from position 0 on. Per group of pieces (about `group_bytes`): one
-        host → device copy per piece, then per layer one concatenation and one scatter."""
-        if not self.caches.kv:
-            return
-        b, start, group, size = self.block_size, 0, [], 0
-        for i, piece in enumerate(pieces):
-            group.append(piece)
-            size += sum(t.nbytes for t in piece)
-            if size >= group_bytes or i == len(pieces) - 1:
-                staged = [self._to_device(p) for p in group]
-                srcs = [torch.cat([p[j] for p in staged]) for j in range(len(staged[0]))]
-                self.scatter_kv(blocks[start // b :], srcs)
-                start += srcs[0].shape[0]
-                group, size = [], 0
+        number of blocks) into `blocks` from position 0 on. Pieces laid out alike (chunk objects) go in
+        groups of about `group_bytes`: one host → device copy per piece into device rows shaped like their
+        bytes, then per KV tensor one scatter. Any other piece goes through one copy of its own."""
+        caches, b, start, i = kv_tensors(self.caches.kv), self.block_size, 0, 0
+        while caches and i < len(pieces):
+            n = _alike(pieces, i, b, group_bytes)
+            if not n:
+                self.scatter_kv(blocks[start // b :], self._to_device(pieces[i]))
+                start, i = start + pieces[i][0].shape[0], i + 1
+                continue
+            per = pieces[i][0].shape[0] // b
+            spans = _spans(pieces[i : i + n])
+            rows = torch.empty(n, _row_bytes(spans[0].numel()), dtype=torch.uint8, device=self.device)
+            for span, row in zip(spans, rows, strict=True):
+                row[: span.numel()].copy_(span, non_blocking=True)
+            idx = upload(blocks[start // b : start // b + n * per], torch.int64, self.device).view(n, per)
+            for cache, view in zip(caches, _views(rows, _layout(pieces[i], b), b), strict=True):
+                cache[idx] = view
+            start, i = start + n * per * b, i + n
 
     def _to_device(self, tensors: list[Tensor]) -> list[Tensor]:
         """Tensors that share one host buffer, on the device through one copy of the bytes they span."""
@@ -139,3 +168,76 @@ class StateTransfer:
         caches = [t for pair in self.caches.states for t in pair]
         for cache, s in zip(caches, src, strict=True):
             cache[slot].copy_(s, non_blocking=True)
+
+
+# ---- pieces laid out alike ------------------------------------------------------------------------------
+
+
+def _nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
+    n = dtype.itemsize
+    for d in shape:
+        n *= d
+    return n
+
+
+def _layout(piece: list[Tensor], block_size: int) -> list[Layout] | None:
+    """(byte offset from the first tensor, dtype, shape) of each tensor, when all lie in one buffer and hold
+    the same whole number of blocks; else None."""
+    first = piece[0]
+    tokens = first.shape[0]
+    if tokens == 0 or tokens % block_size:
+        return None
+    storage = first.untyped_storage().data_ptr()
+    base = first.storage_offset() * first.element_size()
+    out = []
+    for t in piece:
+        offset = t.storage_offset() * t.element_size() - base
+        if (
+            t.untyped_storage().data_ptr() != storage
+            or t.shape[0] != tokens
+            or not t.is_contiguous()
+            or offset < 0
+            or offset % t.element_size()
+        ):
+            return None
+        out.append((offset, t.dtype, tuple(t.shape)))
+    return out
+
+
+def _alike(pieces: list[list[Tensor]], i: int, block_size: int, group_bytes: int) -> int:
+    """How many pieces from the i-th on share its layout (at least one, when it has one) and fit in about
+    `group_bytes` together; 0 when the i-th has none."""
+    layout = _layout(pieces[i], block_size)
+    if layout is None:
+        return 0
+    size = max(o + _nbytes(d, s) for o, d, s in layout)
+    n = 1
+    while (
+        i + n < len(pieces) and (n + 1) * size <= group_bytes and _layout(pieces[i + n], block_size) == layout
+    ):
+        n += 1
+    return n
+
+
+def _spans(pieces: list[list[Tensor]]) -> list[Tensor]:
+    """Each piece's bytes, from its first tensor to the end of its last (uint8, host)."""
+    out = []
+    for piece in pieces:
+        first, last = piece[0], max(piece, key=lambda t: t.storage_offset() * t.element_size())
+        lo = first.storage_offset() * first.element_size()
+        hi = last.storage_offset() * last.element_size() + last.nbytes
+        out.append(torch.empty(0, dtype=torch.uint8).set_(first.untyped_storage())[lo:hi])
+    return out
+
+
+def _row_bytes(nbytes: int) -> int:
+    return -(-nbytes // 64) * 64
+
+
+def _views(rows: Tensor, layout: list[Layout], block_size: int) -> list[Tensor]:
+    """Each tensor of `layout` (offsets within a row) in every row: [rows, blocks, block_size, …]."""
+    out = []
+    for offset, dtype, shape in layout:
+        view = rows[:, offset : offset + _nbytes(dtype, shape)].view(dtype)
+        out.append(view.view(rows.shape[0], shape[0] // block_size, block_size, *shape[1:]))
+    return out

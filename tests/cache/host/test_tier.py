@@ -192,26 +192,6 @@ def test_objects_are_raw_tensors_behind_a_header():
     assert CHUNK % BLOCK == 0
 
 
-@pytest.mark.parametrize("group_bytes", [1, 1 << 30])
-def test_kv_pieces_scatter_in_groups_of_one_copy_each(group_bytes):
-    from flashstate.cache.host.codec import decode
-    from flashstate.cache.host.transfer import StateTransfer
-
-    caches = make_caches(seed=4)
-    transfer = StateTransfer(caches, BLOCK)
-    kv = _kv_prefix(caches, _blocks(22), 22)
-    spans = [(0, 8), (8, 16), (16, 22)]  # two chunks, then a tail of 6 (a block and a half)
-    pieces = [decode(f"p{i}", encode(f"p{i}", [t[a:b] for t in kv])) for i, (a, b) in enumerate(spans)]
-    pieces.append(decode("e", encode("e", [t[:0] for t in kv])))  # an empty tail (depth on a chunk end)
-    dst = _blocks(22, first=30)
-    transfer.scatter_pieces(dst, pieces[:3], group_bytes)
-    assert all(torch.equal(a, b) for a, b in zip(_kv_prefix(caches, dst, 22), kv, strict=True))
-    transfer.scatter_pieces(_blocks(16, first=50), [*pieces[:2], pieces[3]], group_bytes)
-    assert all(
-        torch.equal(a, b[:16]) for a, b in zip(_kv_prefix(caches, _blocks(16, first=50), 16), kv, strict=True)
-    )
-
-
 def test_fetched_objects_pass_through_staging_and_free_it_when_dropped(new_store):
     caches = make_caches(seed=3)
     staging = HostArena(1 << 20)

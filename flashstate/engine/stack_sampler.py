@@ -1,0 +1,78 @@
+"""StackSampler: where one thread spends its wall time, from its Python stack sampled every `interval`
+seconds by a daemon thread (a poor man's py-spy, for machines without one). The AsyncEngine samples its
+engine thread when FLASHSTATE_STACK_SAMPLE=PATH is set, and writes the report to PATH when it stops.
+
+    sampler = StackSampler(thread_id).start()
+    …
+    sampler.stop()
+    sampler.report()        # text: per function, the share of samples it was on the stack (inclusive)
+                            # and innermost (self), functions as file:function
+
+A sample needs the GIL, so a thread in C code that holds it is seen once that code returns: shares are
+a guide to where the time goes, not a timer.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import threading
+import time
+
+ENV = "FLASHSTATE_STACK_SAMPLE"
+
+
+class StackSampler:
+    def __init__(self, thread_id: int, interval: float = 0.002):
+        self.thread_id = thread_id
+        self.interval = interval
+        self.samples = 0
+        self.inclusive: collections.Counter[str] = collections.Counter()
+        self.innermost: collections.Counter[str] = collections.Counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="flashstate-stack-sampler", daemon=True)
+
+    def start(self) -> StackSampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            frame = sys._current_frames().get(self.thread_id)
+            if frame is None:
+                continue
+            self.samples += 1
+            seen = set()
+            first = True
+            while frame is not None:
+                code = frame.f_code
+                name = f"{_short(code.co_filename)}:{code.co_name}"
+                if first:
+                    self.innermost[f"{name}:{frame.f_lineno}"] += 1
+                    first = False
+                if name not in seen:
+                    seen.add(name)
+                    self.inclusive[name] += 1
+                frame = frame.f_back
+
+    def report(self, top: int = 60) -> str:
+        n = max(self.samples, 1)
+        lines = [f"{self.samples} samples every {1e3 * self.interval:.0f} ms ({time.strftime('%F %T')})", ""]
+        lines.append("on the stack (inclusive):")
+        lines += [f"{100 * c / n:6.1f}%  {name}" for name, c in self.inclusive.most_common(top)]
+        lines += ["", "innermost (self, with line):"]
+        lines += [f"{100 * c / n:6.1f}%  {name}" for name, c in self.innermost.most_common(top)]
+        return "\n".join(lines) + "\n"
+
+
+def _short(path: str) -> str:
+    """A source path from its package on (flashstate/…, torch/…), else its file name."""
+    parts = path.replace("\\", "/").split("/")
+    for i in range(len(parts) - 1, -1, -1):
+        if parts[i] in ("flashstate", "torch", "fla", "uvicorn", "asyncio", "threading.py"):
+            return "/".join(parts[i:])
+    return parts[-1]
