@@ -50,7 +50,7 @@ def step_timeline(events) -> str:
     kernels = sorted(
         (e.time_range.start, e.time_range.end)
         for e in events
-        if e.device_type == torch.autograd.DeviceType.CUDA
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.name != "engine_step"  # not the range itself
     )
     if not kernels:
         return f"step wall {(end - start) / 1e3:.2f} ms; no device kernels"
