@@ -48,11 +48,15 @@ def _offsets(
     offsets = []
     for dtype, shape in specs:
         offsets.append(offset)
-        n = dtype.itemsize
-        for d in shape:
-            n *= d
-        offset = _align(offset + n)
+        offset = _align(offset + nbytes(dtype, shape))
     return tuple(offsets), offset
+
+
+def nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
+    n = dtype.itemsize
+    for d in shape:
+        n *= d
+    return n
 
 
 class ObjectBuilder:
@@ -141,7 +145,4 @@ def decode(key: str, buffer: torch.Tensor) -> list[torch.Tensor] | None:
 
 
 def _view(buffer: torch.Tensor, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-    n = dtype.itemsize
-    for d in shape:
-        n *= d
-    return buffer[offset : offset + n].view(dtype).view(shape)
+    return buffer[offset : offset + nbytes(dtype, shape)].view(dtype).view(shape)

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from flashstate.cache.host.codec import nbytes
 from flashstate.device import upload
 from flashstate.engine.cache_tensors import CacheTensors, kv_tensors
 
@@ -65,7 +66,7 @@ class StateTransfer:
         caches = kv_tensors(self.caches.kv)
         if not buffers or not caches:
             return
-        lo, hi = layout[0][0], max(o + _nbytes(d, s) for o, d, s in layout)
+        lo, hi = layout[0][0], max(o + nbytes(d, s) for o, d, s in layout)
         per = layout[0][2][0] // self.block_size
         step = max(group_bytes // (hi - lo), 1)
         rel = [(o - lo, d, s) for o, d, s in layout]
@@ -173,13 +174,6 @@ class StateTransfer:
 # ---- pieces laid out alike ------------------------------------------------------------------------------
 
 
-def _nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
-    n = dtype.itemsize
-    for d in shape:
-        n *= d
-    return n
-
-
 def _layout(piece: list[Tensor], block_size: int) -> list[Layout] | None:
     """(byte offset from the first tensor, dtype, shape) of each tensor, when all lie in one buffer and hold
     the same whole number of blocks; else None."""
@@ -210,7 +204,7 @@ def _alike(pieces: list[list[Tensor]], i: int, block_size: int, group_bytes: int
     layout = _layout(pieces[i], block_size)
     if layout is None:
         return 0
-    size = max(o + _nbytes(d, s) for o, d, s in layout)
+    size = max(o + nbytes(d, s) for o, d, s in layout)
     n = 1
     while (
         i + n < len(pieces) and (n + 1) * size <= group_bytes and _layout(pieces[i + n], block_size) == layout
@@ -238,6 +232,6 @@ def _views(rows: Tensor, layout: list[Layout], block_size: int) -> list[Tensor]:
     """Each tensor of `layout` (offsets within a row) in every row: [rows, blocks, block_size, …]."""
     out = []
     for offset, dtype, shape in layout:
-        view = rows[:, offset : offset + _nbytes(dtype, shape)].view(dtype)
+        view = rows[:, offset : offset + nbytes(dtype, shape)].view(dtype)
         out.append(view.view(rows.shape[0], shape[0] // block_size, block_size, *shape[1:]))
     return out
