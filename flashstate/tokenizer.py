@@ -87,7 +87,7 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Text → ids. Pass `add_special_tokens=False` for a rendered chat prompt: the template already
         holds every special token the model expects."""
-        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        return _encode(self.backend, text, add_special_tokens).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
@@ -148,7 +148,7 @@ class Tokenizer:
         assistant message) or the template refuses the shorter list, message k gets no position.
         """
         full = self.apply_chat_template(messages, tools, add_generation_prompt, **kwargs)
-        encoding = self._untrimmed.encode(full, add_special_tokens=False)
+        encoding = _encode(self._untrimmed, full, add_special_tokens=False)
         ends = [end for _, end in encoding.offsets]  # character offsets, non-decreasing
         positions: list[int] = []
         for k in range(1, len(messages) + 1):
@@ -240,6 +240,13 @@ def _compile(template: str) -> jinja2.Template:
         return env.from_string(template)
     except jinja2.TemplateSyntaxError as e:
         raise ChatTemplateError(f"chat template does not parse (line {e.lineno}): {e.message}") from e
+
+
+def _encode(backend: tokenizers.Tokenizer, text: str, add_special_tokens: bool) -> tokenizers.Encoding:
+    """`backend.encode`, without the GIL: the single-text `encode` holds it throughout (a 20k-token prompt
+    takes tens of ms), and the engine thread, which steps on the same GIL, stalls for as long; the batch
+    call releases it while it runs."""
+    return backend.encode_batch([text], add_special_tokens=add_special_tokens)[0]
 
 
 # --- the embedded default tokenizer ---------------------------------------------------------------------

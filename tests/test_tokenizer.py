@@ -3,6 +3,8 @@
 import functools
 import hashlib
 import json
+import threading
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -158,6 +160,31 @@ def test_code_compresses(tok):
     assert len(tok.encode(text)) < len(text.encode()) / 2
 
 
+@pytest.mark.parametrize("special", [True, False])
+def test_encode_gives_the_backends_single_text_ids(tok, special):
+    for text in ["", "a<|im_start|>user\nhi<|im_end|>b", "def f(x):\n    return x  # ünï\n" * 50]:
+        assert tok.encode(text, add_special_tokens=special) == tok.backend.encode(text, add_special_tokens=special).ids
+
+
+def test_encoding_a_long_prompt_lets_other_threads_run(tok):
+    """The engine thread steps on the same GIL as the server's tokenizing threads: a long encode must not
+    hold it (the single-text backend call does, for its whole duration)."""
+    text = " ".join(f"w{i % 997} = f(x, {i})" for i in range(40_000))
+    start = time.perf_counter()
+    tok.encode(text)
+    alone = time.perf_counter() - start
+    worker = threading.Thread(target=tok.encode, args=(text,))
+    gaps, last = [], time.perf_counter()
+    worker.start()
+    while worker.is_alive():
+        time.sleep(0.001)  # needs the GIL back to return
+        now = time.perf_counter()
+        gaps.append(now - last)
+        last = now
+    assert alone > 0.05  # long enough for a held GIL to show
+    assert max(gaps) < alone / 2
+
+
 def test_special_tokens_are_atomic(tok):
     ids = tok.encode("a<|im_start|>user\nhi<|im_end|>b", add_special_tokens=False)
     assert IM_START_ID in ids and IM_END_ID in ids
@@ -304,6 +331,7 @@ def test_template_sources(tmp_path):
 
 def test_transformers_reads_the_same_directory(tmp_path, tok):
     import transformers
+
     hf = transformers.AutoTokenizer.from_pretrained(str(write_default_tokenizer(tmp_path)))
     assert hf.eos_token_id == IM_END_ID and hf.pad_token_id == ENDOFTEXT_ID
     text = "naïve café 日本 🎉 <|im_end|> def f():\n\treturn 1"
