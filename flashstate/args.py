@@ -64,6 +64,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         default=d.max_num_batched_tokens,
         help="token budget of one step (prefill chunks + decodes)",
     )
+    g.add_argument(
+        "--long-prefill-token-threshold",
+        type=human_readable_int,
+        default=d.long_prefill_token_threshold,
+        help="a request with more prompt tokens left than this prefills at most this many a step, "
+        "leaving the budget to shorter ones (0: off)",
+    )
     g.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
     g.add_argument(
         "--kv-cache-memory-bytes",

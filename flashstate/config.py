@@ -21,6 +21,7 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
+    long_prefill_token_threshold: int = 0  # a longer prefill takes at most this many tokens a step (0: off)
     block_size: int = 16
     kv_cache_memory_bytes: int | None = None  # KV + state budget; default from gpu_memory_utilization
     gpu_memory_utilization: float = 0.9
@@ -85,6 +86,10 @@ class EngineConfig:
             "cpu_cache_memory_bytes",
         ):
             positive(name)
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError(
+                f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}"
+            )
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
         if not 0 < self.gpu_memory_utilization <= 1:

@@ -163,7 +163,10 @@ def test_code_compresses(tok):
 @pytest.mark.parametrize("special", [True, False])
 def test_encode_gives_the_backends_single_text_ids(tok, special):
     for text in ["", "a<|im_start|>user\nhi<|im_end|>b", "def f(x):\n    return x  # ünï\n" * 50]:
-        assert tok.encode(text, add_special_tokens=special) == tok.backend.encode(text, add_special_tokens=special).ids
+        assert (
+            tok.encode(text, add_special_tokens=special)
+            == tok.backend.encode(text, add_special_tokens=special).ids
+        )
 
 
 def test_encoding_a_long_prompt_lets_other_threads_run(tok):

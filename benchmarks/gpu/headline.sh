@@ -16,7 +16,7 @@
 # budget; defaults: 17G for qwen3-next-2b, 13G for nemotron-h-2b, 11G for kimi-linear-2b, where the
 # simulator puts vllm near the reference's ~30% hit rate, about 70% of what the 48 agents hold at this
 # scale), HOST_BYTES (policies mode: flashstate runs with a host tier of this size, as `flashstate-host`),
-# GPUS (default
+# FLASHSTATE_ARGS (more serve flags for `flashstate-host`, e.g. --long-prefill-token-threshold 2048), GPUS (default
 # 1: the runs one after another; N > 1 spreads them over GPUs 0..N-1, one server per GPU at a time, each
 # measured alone on its card, then merges the results), and any extra `bench compare` flags after the mode.
 set -euo pipefail
@@ -57,7 +57,7 @@ case "$mode" in
     reference=""
     for p in "${names[@]}"; do
       if [ "$p" = flashstate ] && [ -n "${HOST_BYTES:-}" ]; then  # the full flashstate: with its host tier
-        runs+=("flashstate-host|--variant flashstate-host=flashstate --host-cache memory --host-cache-bytes $HOST_BYTES")
+        runs+=("flashstate-host|--variant flashstate-host=flashstate --host-cache memory --host-cache-bytes $HOST_BYTES ${FLASHSTATE_ARGS:-}")
       else
         runs+=("$p|--policies $p")
       fi

@@ -129,7 +129,13 @@ class LLMEngine:
             pages=vllm_page_pool(self.plan, c, self.spec, self.dtype),
             byte_budget=self.plan.shared_bytes,
         )
-        self.scheduler = Scheduler(self.cache, c.max_num_seqs, c.max_num_batched_tokens, self.max_model_len)
+        self.scheduler = Scheduler(
+            self.cache,
+            c.max_num_seqs,
+            c.max_num_batched_tokens,
+            self.max_model_len,
+            c.long_prefill_token_threshold,
+        )
 
     def _warm_up(self) -> None:
         """Compile the GPU kernels of every serving path (a fresh prefill, a prefill over a cached prefix

@@ -6,7 +6,8 @@ Each step, in FIFO order of admission:
      slot freed, recomputed later from scratch — first in the waiting queue);
   2. waiting sequences are admitted while budget, `max_num_seqs`, slots and blocks allow; the queue head
      is never skipped (FIFO fairness), and nothing is admitted in a step that preempted.
-Prefill chunks and decodes share one batch.
+Prefill chunks and decodes share one batch. With `long_prefill_token_threshold` T > 0 (vLLM's), a sequence
+with more than T tokens left computes at most T a step, so a long prefill leaves room for shorter ones.
 A sequence whose admission starts a host-tier restore waits in `restoring` (holding its slot and blocks,
 counted in `max_num_seqs`, never preempted) while the others run; each step first polls the restores:
 a finished one joins `running` at the host depth, a failed one goes back to the head of the queue.
@@ -49,12 +50,18 @@ class ScheduledBatch:
 
 class Scheduler:
     def __init__(
-        self, cache: CacheManager, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int
+        self,
+        cache: CacheManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        long_prefill_token_threshold: int = 0,
     ):
         self.cache = cache
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
+        self.long_prefill_token_threshold = long_prefill_token_threshold
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.restoring: list[Sequence] = []
@@ -91,7 +98,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_uncomputed, budget)
+            n = self._chunk(seq, budget)
             while not self.cache.allocate(seq, n):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -111,7 +118,7 @@ class Scheduler:
             seq = self.waiting[0]
             if not self.cache.admit(seq):
                 break
-            n = min(seq.num_uncomputed, budget)
+            n = self._chunk(seq, budget)
             # Admit only what can run to its first token next to everything already running, so long
             # prompts do not preempt each other in turn (evicting cache units to make the room).
             room = self._blocks_to_first_token(seq) + sum(
@@ -138,6 +145,14 @@ class Scheduler:
         if not batch.seqs and self.restoring:  # nothing else to run: wait for a restore, not spin
             wait_any([s.restore for s in self.restoring], timeout=0.05)
         return batch
+
+    def _chunk(self, seq: Sequence, budget: int) -> int:
+        """The tokens `seq` computes this step: what it has left, within the budget and, for a long prefill,
+        the long-prefill threshold."""
+        n = seq.num_uncomputed
+        if 0 < self.long_prefill_token_threshold < n:
+            n = self.long_prefill_token_threshold
+        return min(n, budget)
 
     def _poll_restores(self) -> None:
         for seq in list(self.restoring):

@@ -107,7 +107,11 @@ class SimEngine:
         )
         self.max_model_len = config.max_model_len or spec.max_position_embeddings
         self.scheduler = Scheduler(
-            self.cache, config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len
+            self.cache,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            self.max_model_len,
+            config.long_prefill_token_threshold,
         )
         self._clock = clock
         self._max_token_id = max_token_id

@@ -10,9 +10,9 @@ from flashstate.engine.sequence import Sequence
 from flashstate.sampling_params import SamplingParams
 
 
-def _scheduler(num_blocks=16, block_size=4, slots=8, max_num_seqs=4, budget=10, max_len=1000):
+def _scheduler(num_blocks=16, block_size=4, slots=8, max_num_seqs=4, budget=10, max_len=1000, long_prefill=0):
     cache = CacheManager(BlockPool(num_blocks, block_size), StatePool(slots))
-    return Scheduler(cache, max_num_seqs, budget, max_len)
+    return Scheduler(cache, max_num_seqs, budget, max_len, long_prefill)
 
 
 def _seq(rid: str, n: int, max_tokens: int = 4) -> Sequence:
@@ -39,6 +39,22 @@ def test_chunked_prefill_respects_budget_and_mixes_with_decodes():
     _advance(sched, batch)
     batch = sched.schedule()  # a decodes (1 token) while b continues its prefill with the rest of the budget
     assert batch.num_tokens == [1, 9]
+    sched.check_integrity()
+
+
+def test_a_long_prefill_takes_at_most_the_threshold_and_leaves_the_rest_to_short_ones():
+    sched = _scheduler(num_blocks=32, budget=16, long_prefill=6)
+    long, short = _seq("long", 40), _seq("short", 5, max_tokens=20)
+    sched.add(long)
+    sched.add(short)
+    batch = sched.schedule()
+    assert [s.request_id for s in batch.seqs] == ["long", "short"] and batch.num_tokens == [6, 5]
+    _advance(sched, batch)
+    while long.num_uncomputed > 6:  # short decodes; long goes on 6 at a time, though budget is left
+        batch = sched.schedule()
+        assert batch.num_tokens == [6, 1]
+        _advance(sched, batch)
+    assert sched.schedule().num_tokens == [4, 1]  # under the threshold: the rest in one chunk
     sched.check_integrity()
 
 
