@@ -68,7 +68,9 @@ class AsyncEngine:
         finally:
             if sampler is not None:
                 sampler.stop()
-                Path(path).write_text(sampler.report())
+                c = self.engine.config
+                title = f"engine thread, cache policy {c.cache_policy}, host tier {c.host_tier}"
+                Path(path.replace("%p", str(os.getpid()))).write_text(sampler.report(title))
 
     async def generate(
         self,

@@ -1,11 +1,12 @@
 """StackSampler: where one thread spends its wall time, from its Python stack sampled every `interval`
 seconds by a daemon thread (a poor man's py-spy, for machines without one). The AsyncEngine samples its
-engine thread when FLASHSTATE_STACK_SAMPLE=PATH is set, and writes the report to PATH when it stops.
+engine thread when FLASHSTATE_STACK_SAMPLE=PATH is set, and writes the report to PATH when it stops (`%p`
+in PATH: the process id, for several servers started with one environment).
 
     sampler = StackSampler(thread_id).start()
     …
     sampler.stop()
-    sampler.report()        # text: per function, the share of samples it was on the stack (inclusive)
+    sampler.report(title)   # text: per function, the share of samples it was on the stack (inclusive)
                             # and innermost (self), functions as file:function
 
 A sample needs the GIL, so a thread in C code that holds it is seen once that code returns: shares are
@@ -59,9 +60,10 @@ class StackSampler:
                     self.inclusive[name] += 1
                 frame = frame.f_back
 
-    def report(self, top: int = 60) -> str:
+    def report(self, title: str = "", top: int = 60) -> str:
         n = max(self.samples, 1)
-        lines = [f"{self.samples} samples every {1e3 * self.interval:.0f} ms ({time.strftime('%F %T')})", ""]
+        lines = [f"{title}{': ' if title else ''}{self.samples} samples every {1e3 * self.interval:.0f} ms "
+                 f"({time.strftime('%F %T')})", ""]  # fmt: skip
         lines.append("on the stack (inclusive):")
         lines += [f"{100 * c / n:6.1f}%  {name}" for name, c in self.inclusive.most_common(top)]
         lines += ["", "innermost (self, with line):"]

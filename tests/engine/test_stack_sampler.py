@@ -1,4 +1,5 @@
 import asyncio
+import os
 import threading
 import time
 
@@ -28,8 +29,8 @@ def test_samples_name_the_function_a_thread_is_in():
 
 
 def test_the_engine_thread_writes_its_report_at_shutdown(tiny_model_dir, tmp_path, monkeypatch):
-    path = tmp_path / "stacks.txt"
-    monkeypatch.setenv("FLASHSTATE_STACK_SAMPLE", str(path))
+    monkeypatch.setenv("FLASHSTATE_STACK_SAMPLE", str(tmp_path / "stacks-%p.txt"))
+    path = tmp_path / f"stacks-{os.getpid()}.txt"
     eng = AsyncEngine(EngineConfig(model=tiny_model_dir, max_num_batched_tokens=8, block_size=4))
 
     async def run():
@@ -40,4 +41,5 @@ def test_the_engine_thread_writes_its_report_at_shutdown(tiny_model_dir, tmp_pat
     asyncio.run(run())
     eng.shutdown()
     text = path.read_text()
+    assert text.startswith("engine thread, cache policy flashstate, host tier None: ")
     assert "flashstate/engine/async_engine.py:_loop" in text  # every sample is inside the engine loop
