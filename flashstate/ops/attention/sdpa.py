@@ -77,11 +77,15 @@ def paged_attention(
 
 def span_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float) -> Tensor:
     """One sequence's L new queries [L, H, D] at the end of its context k [C, H, D], v [C, H, Dv] (C ≥ L,
-    causal: query i sits at position C − L + i) → [L, H, Dv]."""
+    causal: query i sits at position C − L + i) → [L, H, Dv]. A narrower V (MLA: Dv < D) is zero-padded to
+    D and the output cut back: FlashAttention takes only equal head dims, and the other kernels are slower."""
+    dv = v.shape[-1]
+    if dv < q.shape[-1]:
+        v = F.pad(v, (0, q.shape[-1] - dv))
     qi, ki, vi = (x.transpose(0, 1)[None] for x in (q, k, v))
     n, ctx = q.shape[0], k.shape[0]
     if n == ctx:
         o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scale)
     else:
         o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=causal_lower_right(n, ctx), scale=scale)
-    return o[0].transpose(0, 1)
+    return o[0].transpose(0, 1)[..., :dv]
