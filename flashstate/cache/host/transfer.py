@@ -66,7 +66,7 @@ class StateTransfer:
         caches = kv_tensors(self.caches.kv)
         if not buffers or not caches:
             return
-        lo, hi = layout[0][0], max(o + nbytes(d, s) for o, d, s in layout)
+        lo, hi = layout[0][0], _extent(layout)
         per = layout[0][2][0] // self.block_size
         step = max(group_bytes // (hi - lo), 1)
         rel = [(o - lo, d, s) for o, d, s in layout]
@@ -129,18 +129,17 @@ class StateTransfer:
         bytes, then per KV tensor one scatter. Any other piece goes through one copy of its own."""
         caches, b, start, i = kv_tensors(self.caches.kv), self.block_size, 0, 0
         while caches and i < len(pieces):
-            n = _alike(pieces, i, b, group_bytes)
+            n, layout = _alike(pieces, i, b, group_bytes)
             if not n:
                 self.scatter_kv(blocks[start // b :], self._to_device(pieces[i]))
                 start, i = start + pieces[i][0].shape[0], i + 1
                 continue
-            per = pieces[i][0].shape[0] // b
-            spans = _spans(pieces[i : i + n])
-            rows = torch.empty(n, _row_bytes(spans[0].numel()), dtype=torch.uint8, device=self.device)
-            for span, row in zip(spans, rows, strict=True):
-                row[: span.numel()].copy_(span, non_blocking=True)
+            per, size = pieces[i][0].shape[0] // b, _extent(layout)
+            rows = torch.empty(n, _row_bytes(size), dtype=torch.uint8, device=self.device)
+            for piece, row in zip(pieces[i : i + n], rows, strict=True):
+                row[:size].copy_(_bytes(piece[0], size), non_blocking=True)
             idx = upload(blocks[start // b : start // b + n * per], torch.int64, self.device).view(n, per)
-            for cache, view in zip(caches, _views(rows, _layout(pieces[i], b), b), strict=True):
+            for cache, view in zip(caches, _views(rows, layout, b), strict=True):
                 cache[idx] = view
             start, i = start + n * per * b, i + n
 
@@ -198,30 +197,32 @@ def _layout(piece: list[Tensor], block_size: int) -> list[Layout] | None:
     return out
 
 
-def _alike(pieces: list[list[Tensor]], i: int, block_size: int, group_bytes: int) -> int:
+def _alike(
+    pieces: list[list[Tensor]], i: int, block_size: int, group_bytes: int
+) -> tuple[int, list[Layout] | None]:
     """How many pieces from the i-th on share its layout (at least one, when it has one) and fit in about
-    `group_bytes` together; 0 when the i-th has none."""
+    `group_bytes` together, and that layout; (0, None) when the i-th has none."""
     layout = _layout(pieces[i], block_size)
     if layout is None:
-        return 0
-    size = max(o + nbytes(d, s) for o, d, s in layout)
+        return 0, None
+    size = _extent(layout)
     n = 1
     while (
         i + n < len(pieces) and (n + 1) * size <= group_bytes and _layout(pieces[i + n], block_size) == layout
     ):
         n += 1
-    return n
+    return n, layout
 
 
-def _spans(pieces: list[list[Tensor]]) -> list[Tensor]:
-    """Each piece's bytes, from its first tensor to the end of its last (uint8, host)."""
-    out = []
-    for piece in pieces:
-        first, last = piece[0], max(piece, key=lambda t: t.storage_offset() * t.element_size())
-        lo = first.storage_offset() * first.element_size()
-        hi = last.storage_offset() * last.element_size() + last.nbytes
-        out.append(torch.empty(0, dtype=torch.uint8).set_(first.untyped_storage())[lo:hi])
-    return out
+def _extent(layout: list[Layout]) -> int:
+    """Where the last tensor of `layout` ends."""
+    return max(o + nbytes(d, s) for o, d, s in layout)
+
+
+def _bytes(first: Tensor, size: int) -> Tensor:
+    """`size` bytes of `first`'s buffer from where `first` starts (uint8, host)."""
+    lo = first.storage_offset() * first.element_size()
+    return torch.empty(0, dtype=torch.uint8).set_(first.untyped_storage())[lo : lo + size]
 
 
 def _row_bytes(nbytes: int) -> int:
