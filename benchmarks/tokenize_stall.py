@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -26,29 +25,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flashstate import EngineConfig, SamplingParams
+from flashstate import SamplingParams
 from flashstate.engine.llm_engine import LLMEngine
-from flashstate.models.presets import preset_dir
 
 sys.path.insert(0, str(Path(__file__).parent))
-from cpu_decode_host import StubModel  # noqa: E402
+from server_stream import make_config, new_trace, stubbed  # noqa: E402
 
 
 def run(args: argparse.Namespace, mode: str, text: str) -> dict:
-    trace = str(Path(tempfile.mkdtemp()) / "steps.jsonl")
-    config = EngineConfig(
-        model=str(preset_dir(args.preset or "tiny")),
-        device=args.device,
-        max_model_len=args.prompt_tokens + args.tokens + 16,
-        max_num_seqs=args.streams,
-        kv_cache_memory_bytes=args.cache_bytes,
-        prefill_cost_coefficients=(1e-6, 1e-12),
-        enable_prefix_caching=False,
-        step_trace=trace,
-    )
-    engine = LLMEngine(config)
-    if not args.preset:
-        engine.runner.model = StubModel(engine.model, engine.spec.vocab_size)
+    trace = new_trace()
+    engine = stubbed(LLMEngine(make_config(args, trace)), args)
     tok = engine.tokenizer
     encode = {"held": lambda: tok.backend.encode(text), "released": lambda: tok.encode(text)}.get(mode)
     params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=args.tokens)

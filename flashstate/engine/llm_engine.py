@@ -129,13 +129,7 @@ class LLMEngine:
             pages=vllm_page_pool(self.plan, c, self.spec, self.dtype),
             byte_budget=self.plan.shared_bytes,
         )
-        self.scheduler = Scheduler(
-            self.cache,
-            c.max_num_seqs,
-            c.max_num_batched_tokens,
-            self.max_model_len,
-            c.long_prefill_token_threshold,
-        )
+        self.scheduler = Scheduler.from_config(self.cache, c, self.max_model_len)
 
     def _warm_up(self) -> None:
         """Compile the GPU kernels of every serving path (a fresh prefill, a prefill over a cached prefix

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from flashstate.cache.host.restore import wait_any
 from flashstate.cache.manager import CacheManager
+from flashstate.config import EngineConfig
 from flashstate.engine.sequence import Sequence, SequenceStatus
 
 
@@ -65,6 +66,16 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.restoring: list[Sequence] = []
+
+    @classmethod
+    def from_config(cls, cache: CacheManager, config: EngineConfig, max_model_len: int) -> Scheduler:
+        return cls(
+            cache,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            max_model_len,
+            config.long_prefill_token_threshold,
+        )
 
     @property
     def num_unfinished(self) -> int:

@@ -106,13 +106,7 @@ class SimEngine:
             byte_budget=self.plan.shared_bytes,
         )
         self.max_model_len = config.max_model_len or spec.max_position_embeddings
-        self.scheduler = Scheduler(
-            self.cache,
-            config.max_num_seqs,
-            config.max_num_batched_tokens,
-            self.max_model_len,
-            config.long_prefill_token_threshold,
-        )
+        self.scheduler = Scheduler.from_config(self.cache, config, self.max_model_len)
         self._clock = clock
         self._max_token_id = max_token_id
         self._requests: dict[int, SimRequest] = {}  # by id(seq)
