@@ -8,7 +8,7 @@ import argparse
 import dataclasses
 import re
 
-from flashstate.config import CACHE_POLICIES, EVICTIONS, EngineConfig
+from flashstate.config import CACHE_POLICIES, EVICTIONS, PREFILL_ORDERS, EngineConfig
 
 _DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 _DECIMAL = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
@@ -70,6 +70,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         default=d.long_prefill_token_threshold,
         help="a request with more prompt tokens left than this prefills at most this many a step, "
         "leaving the budget to shorter ones (0: off)",
+    )
+    g.add_argument(
+        "--prefill-order",
+        choices=PREFILL_ORDERS,
+        default=d.prefill_order,
+        help="fifo (vLLM's): running requests' prefill chunks before admitting new ones; arrivals-first: "
+        "decodes, then admissions, then running prefills with the budget left, so a long prefill never "
+        "holds arrivals in the queue (default: arrivals-first for --cache-policy flashstate, else fifo)",
     )
     g.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
     g.add_argument(

@@ -11,6 +11,9 @@ EVICTIONS = ("gds", "lru")
 HOST_CACHES = (None, "memory", "mooncake")
 
 
+PREFILL_ORDERS = ("fifo", "arrivals-first")
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     model: str | None = None  # HF-format directory; None: the embedded default
@@ -22,6 +25,10 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     long_prefill_token_threshold: int = 0  # a longer prefill takes at most this many tokens a step (0: off)
+    # "fifo" (vLLM's): running sequences' chunks, then admissions; "arrivals-first": decodes, admissions, then
+    # running prefills with the budget left. None: arrivals-first for the flashstate policy, fifo for the
+    # policies that stand for other engines.
+    prefill_order: str | None = None
     block_size: int = 16
     kv_cache_memory_bytes: int | None = None  # KV + state budget; default from gpu_memory_utilization
     gpu_memory_utilization: float = 0.9
@@ -89,6 +96,10 @@ class EngineConfig:
         if self.long_prefill_token_threshold < 0:
             raise ValueError(
                 f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}"
+            )
+        if self.prefill_order not in (None, *PREFILL_ORDERS):
+            raise ValueError(
+                f"prefill_order must be one of {', '.join(PREFILL_ORDERS)}, got {self.prefill_order!r}"
             )
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")

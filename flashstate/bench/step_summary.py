@@ -1,5 +1,6 @@
 """What a server's step trace (`--step-trace`) says about a run: how busy the engine was and what its
-steps cost, split into pure-decode steps and steps with prefill tokens."""
+steps cost, split into pure-decode steps and steps with prefill tokens; and, from its request lines, where
+the time to first token went."""
 
 from __future__ import annotations
 
@@ -15,10 +16,42 @@ STEP_FIELDS = (
 
 
 def summarize_steps(path: Path) -> dict[str, Any] | None:
-    """Summary of a step trace file; None when it is missing or empty."""
+    """Summary of a step trace file; None when it is missing or has no steps."""
     if not path.exists():
         return None
-    return summarize_rows([json.loads(line) for line in path.read_text().splitlines() if line.strip()])
+    steps, requests = read_trace(path)
+    summary = summarize_rows(steps)
+    if summary is not None:
+        summary["ttft_parts"] = ttft_parts(requests)
+    return summary
+
+
+def read_trace(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(step rows, request rows) of a step trace file."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if "request" not in r], [r for r in rows if "request" in r]
+
+
+def _quantiles(xs: list[float]) -> dict[str, float] | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return {"mean": sum(xs) / len(xs), "p50": xs[len(xs) // 2], "p90": xs[int(0.9 * (len(xs) - 1))]}
+
+
+def ttft_parts(requests: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Seconds from arrival to first token, in parts (request lines of a step trace): `queued` until admitted,
+    `restoring` from the host tier until running, `to_first_step` until its first step ended, and
+    `to_first_token` from there. None without request lines."""
+    done = [r for r in requests if r.get("first_token") is not None and r.get("running") is not None]
+    if not done:
+        return None
+    bounds = ("arrival", "admitted", "running", "first_scheduled", "first_token")
+    parts = ("queued", "restoring", "to_first_step", "to_first_token")
+    return {"requests": len(done)} | {
+        part: _quantiles([r[b] - r[a] for r in done])
+        for part, a, b in zip(parts, bounds[:-1], bounds[1:], strict=True)
+    }
 
 
 def summarize_rows(rows: list[dict[str, Any]]) -> dict[str, Any] | None:

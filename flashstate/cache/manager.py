@@ -66,7 +66,7 @@ class CacheManager:
         self.tree = RadixTree(block_pool)
         self.stats = CacheStats()
         self._copy_block = copy_block
-        self._clock = clock
+        self.clock = clock
         self._inflight: set[int] = set()  # export slots between schedule and commit
         self.num_checkpoints = 0
         self.host = host
@@ -122,7 +122,7 @@ class CacheManager:
                     self._copy_block(table[full], block)
                 seq.block_table.extend(copy)
                 self.state_pool.copy(match.node.slot, slot)
-                self.policy.stamp(match.node, self._clock())
+                self.policy.stamp(match.node, self.clock())
         seq.num_computed_tokens = match.depth
         seq.cache_handle = match.node
         seq.export_plan = self.policy.plan_exports(seq, match)
@@ -250,7 +250,7 @@ class CacheManager:
             depth = seq.num_computed_tokens // self.policy.checkpoint_block * self.policy.checkpoint_block
             if depth:
                 node, _ = self.tree.insert(seq.token_ids, seq.block_table, depth)
-                self.policy.stamp(node, self._clock())
+                self.policy.stamp(node, self.clock())
         if seq.cache_handle is not None:
             self._lock(seq.cache_handle, -1)
             seq.cache_handle = None
@@ -303,6 +303,7 @@ class CacheManager:
             self.release(seq, commit=False)
             return False
         restore, seq.restore = seq.restore, None
+        seq.stats.fetched_time = restore.fetched_at
         seq.num_computed_tokens = restore.depth
         hit = Match(self.tree.root, restore.depth, restore.kv_depth)
         seq.export_plan = self.policy.plan_exports(seq, hit)
@@ -312,7 +313,7 @@ class CacheManager:
     # ---- the tree -------------------------------------------------------------------------------
 
     def _insert_checkpoint(self, seq: Sequence, depth: int, slot: int, frontier: bool) -> None:
-        now = self._clock()
+        now = self.clock()
         if self.pages is not None and not self.pages.holds_state(seq.token_ids, depth):
             self.state_pool.free(slot)  # already evicted from the emulated pool
             return
@@ -343,7 +344,7 @@ class CacheManager:
         """The unit to evict first: for "kv", among leaves (their chain's blocks go); for "state", among
         checkpoints (their slot goes); for "unit", among both (what the shared budget frees either way).
         Locked nodes never."""
-        now = self._clock()
+        now = self.clock()
         best, best_key = None, None
         for node in self.tree.nodes():
             if kind == "unit":

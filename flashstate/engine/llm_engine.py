@@ -350,6 +350,8 @@ class LLMEngine:
                 seq.stop_reason = finish.stop_reason
                 self.scheduler.finish(seq, finish.reason)
                 stats.finished_time = now
+                if self.trace is not None:
+                    self.trace.record_request(seq)
                 del requests[seq.request_id]
             outputs.append(self._output(req, delta))
         return outputs

@@ -8,6 +8,10 @@ Each step, in FIFO order of admission:
      is never skipped (FIFO fairness), and nothing is admitted in a step that preempted.
 Prefill chunks and decodes share one batch. With `long_prefill_token_threshold` T > 0 (vLLM's), a sequence
 with more than T tokens left computes at most T a step, so a long prefill leaves room for shorter ones.
+With `prefill_order` "arrivals-first", while anything waits the running prefills step aside in 1.: they take
+what budget the admissions leave (3.), so an arrival is never queued behind a long prefill, and that prefill
+still fills the step (a prefill step's cost is mostly fixed: splitting it, as the threshold does, costs
+whole steps).
 A sequence whose admission starts a host-tier restore waits in `restoring` (holding its slot and blocks,
 counted in `max_num_seqs`, never preempted) while the others run; each step first polls the restores:
 a finished one joins `running` at the host depth, a failed one goes back to the head of the queue.
@@ -22,6 +26,14 @@ from flashstate.cache.host.restore import wait_any
 from flashstate.cache.manager import CacheManager
 from flashstate.config import EngineConfig
 from flashstate.engine.sequence import Sequence, SequenceStatus
+
+
+def prefill_order(config: EngineConfig) -> str:
+    """The config's prefill order; by default arrivals-first for flashstate's own policy, and vLLM's fifo for
+    the policies that stand for other engines."""
+    if config.prefill_order is not None:
+        return config.prefill_order
+    return "arrivals-first" if config.cache_policy == "flashstate" else "fifo"
 
 
 class RequestTooLargeError(ValueError):
@@ -57,8 +69,10 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_model_len: int,
         long_prefill_token_threshold: int = 0,
+        arrivals_first: bool = False,
     ):
         self.cache = cache
+        self.arrivals_first = arrivals_first
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -75,6 +89,7 @@ class Scheduler:
             config.max_num_batched_tokens,
             max_model_len,
             config.long_prefill_token_threshold,
+            prefill_order(config) == "arrivals-first",
         )
 
     @property
@@ -106,9 +121,14 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         preempted = False
         self._poll_restores()
+        deferred: list[Sequence] = []  # running prefills that take the budget after the admissions
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if self.arrivals_first and self.waiting and seq.num_uncomputed > 1:
+                deferred.append(seq)
+                i += 1
+                continue
             n = self._chunk(seq, budget)
             while not self.cache.allocate(seq, n):
                 victim = self.running[-1]
@@ -140,6 +160,7 @@ class Scheduler:
                     self.cache.release(seq, commit=False)
                     break
                 self.waiting.popleft()
+                seq.stats.admitted_time = self.cache.clock()
                 seq.status = SequenceStatus.RESTORING
                 self.restoring.append(seq)
                 continue
@@ -148,11 +169,19 @@ class Scheduler:
                 seq.num_computed_tokens = 0
                 break
             self.waiting.popleft()
+            seq.stats.admitted_time = seq.stats.running_time = self.cache.clock()
             self.cache.record_admission(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             batch.add(seq, n, self.cache.exports(seq, n))
             budget -= n
+        for seq in deferred:
+            # never preempts: sequences admitted above are in the batch (and their admission made room for
+            # every running sequence's next blocks); one that finds no blocks waits a step
+            n = self._chunk(seq, budget)
+            if n > 0 and seq.status is SequenceStatus.RUNNING and self.cache.allocate(seq, n):
+                batch.add(seq, n, self.cache.exports(seq, n))
+                budget -= n
         if not batch.seqs and self.restoring:  # nothing else to run: wait for a restore, not spin
             wait_any([s.restore for s in self.restoring], timeout=0.05)
         return batch
@@ -172,6 +201,7 @@ class Scheduler:
                 continue
             self.restoring.remove(seq)
             if done:
+                seq.stats.running_time = self.cache.clock()
                 self.cache.record_admission(seq)
                 seq.status = SequenceStatus.RUNNING
                 self.running.append(seq)

@@ -33,7 +33,10 @@ class RequestStats:
     arrival_time: float
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens restored from the prefix cache (last admission)
-    first_scheduled_time: float | None = None
+    admitted_time: float | None = None  # left the waiting queue (last admission), to run or to restore
+    fetched_time: float | None = None  # its host restore's fetch finished (host restores only)
+    running_time: float | None = None  # joined the running batch (after its host restore, if any)
+    first_scheduled_time: float | None = None  # the end of its first step
     first_token_time: float | None = None
     finished_time: float | None = None
     prefill_seconds: float = 0.0  # model time spent on this request's prompt chunks

@@ -3,7 +3,11 @@ when the step began, how long the call took, what it computed and what was left 
 (Σ over chunks of (p + n)² − p², a chunk of n tokens resuming at depth p) and `decode_context` (Σ of the
 decoding sequences' lengths) are what a step-time model needs beyond the token counts. With a host tier,
 `host_ms` is the engine thread's time inside the tier during the step (lookups, restores' copies issued,
-write-backs staged) and `host_restores` the restores it issued."""
+write-backs staged) and `host_restores` the restores it issued.
+
+A request that finishes adds a line of its own, told apart by its "request" key: where its time to first
+token went (seconds from the trace's origin: arrival, admitted from the queue, its host restore's fetch
+done (null without one), running after any host restore, its first step done, first token, finished)."""
 
 from __future__ import annotations
 
@@ -76,6 +80,22 @@ class StepTrace:
             row["host_ms"] = round(1e3 * (stats.engine_seconds - self._host_seconds), 3)
             row["host_restores"] = stats.restores - self._host_restores
             self._host_seconds, self._host_restores = stats.engine_seconds, stats.restores
+        self._file.write(json.dumps(row) + "\n")
+
+    def record_request(self, seq: Sequence) -> None:
+        s = seq.stats
+        times = (s.arrival_time, s.admitted_time, s.fetched_time, s.running_time, s.first_scheduled_time,
+                 s.first_token_time, s.finished_time)  # fmt: skip
+        names = ("arrival", "admitted", "fetched", "running", "first_scheduled", "first_token", "finished")
+        row = {"request": seq.request_id}
+        row.update(
+            (k, None if t is None else round(t - self._origin, 6)) for k, t in zip(names, times, strict=True)
+        )
+        row.update(
+            prompt_tokens=s.num_prompt_tokens,
+            cached_tokens=s.num_cached_tokens,
+            preemptions=s.num_preemptions,
+        )
         self._file.write(json.dumps(row) + "\n")
 
     def close(self) -> None:

@@ -103,20 +103,26 @@ class ForwardMetadata:
                 raise ValueError(f"export of sequence {seq} after {count} tokens is outside its span")
             export_ids.append(int(cu[seq]) + count - 1)
             export_slots.append(slot)
-
-        def t(x, dtype: torch.dtype = torch.int64) -> Tensor:
-            return upload(x, dtype, device)
-
-        return cls(
-            cu_seqlens=t(cu),
-            positions=t(positions),
-            context_lens=t(c),
-            slot_mapping=t(slots),
-            block_tables=t(table),
-            block_size=block_size,
-            state_slots=t(state_slots),
-            has_initial_state=t(has_initial_state, torch.bool),
-            export_token_ids=t(export_ids),
-            export_slots=t(export_slots),
-            query_lens_cpu=list(query_lens),
-        )
+        # One host → device copy for every field (each upload costs a page-locked staging buffer and a
+        # copy launch: ~0.3 ms of host time apiece on the H200's host), then views into it, each starting
+        # 16-byte aligned as separate allocations would (Triton specialises kernels on pointer alignment).
+        parts = {
+            "cu_seqlens": cu,
+            "positions": positions,
+            "context_lens": c,
+            "slot_mapping": slots,
+            "block_tables": table.reshape(-1),
+            "state_slots": np.asarray(state_slots, dtype=np.int64).reshape(n),
+            "has_initial_state": np.asarray(has_initial_state, dtype=np.int64).reshape(n),
+            "export_token_ids": np.asarray(export_ids, dtype=np.int64),
+            "export_slots": np.asarray(export_slots, dtype=np.int64),
+        }
+        starts = np.cumsum([0] + [-(-x.size // 2) * 2 for x in parts.values()])
+        packed = np.zeros(int(starts[-1]), dtype=np.int64)
+        for start, part in zip(starts, parts.values(), strict=False):
+            packed[start : start + part.size] = part
+        flat = upload(packed, torch.int64, device)
+        views = {name: flat[a : a + x.size] for (name, x), a in zip(parts.items(), starts, strict=False)}
+        views["block_tables"] = views["block_tables"].view(table.shape)
+        views["has_initial_state"] = views["has_initial_state"].bool()
+        return cls(**views, block_size=block_size, query_lens_cpu=list(query_lens))

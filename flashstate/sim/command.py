@@ -51,7 +51,15 @@ def make_engines(
 ) -> list[SimEngine]:
     spec = model_spec(model or profile.model)
     return [
-        SimEngine(config, spec, profile.dtype, profile.prefill, profile.decode, clock=lambda: loop.now)
+        SimEngine(
+            config,
+            spec,
+            profile.dtype,
+            profile.prefill,
+            profile.decode,
+            clock=lambda: loop.now,
+            prefill_step_s=profile.prefill_step_s,
+        )
         for _ in range(n)
     ]
 
@@ -157,6 +165,7 @@ def run_fit_profile(args: argparse.Namespace) -> int:
     d, p = doc["decode"], doc["prefill"]
     print(
         f"{out}: decode {1e3 * d['base_s']:.3f} ms + {1e6 * d['per_seq_s']:.1f} µs/seq + "
-        f"{1e9 * d['per_token_s']:.3f} ns/context token; C(n) = {p['a']:.3e}·n + {p['b']:.3e}·n² s"
+        f"{1e9 * d['per_token_s']:.3f} ns/context token; C(n) = {p['a']:.3e}·n + {p['b']:.3e}·n² s, "
+        f"{1e3 * p['step_s']:.1f} ms per step with prefill"
     )
     return 0

@@ -3,7 +3,7 @@
 One step, as in engine/llm_engine.py, with the model run replaced by its modelled duration:
 
     batch = scheduler.schedule()             at time t (admission stamps the cache with t)
-    seconds = profile: Σ C(p + n) − C(p) over prefill chunks + decode(B, Σ context)
+    seconds = profile: Σ C(p + n) − C(p) over prefill chunks (+ step_s if any) + decode(B, Σ context)
     finish_step(batch)                       at t + seconds: exports committed, lengths advanced,
                                              a token appended where the chunk reaches the end
 
@@ -51,7 +51,9 @@ class SimRequest:
     rng: random.Random = field(default_factory=random.Random)
 
 
-def step_seconds(batch: ScheduledBatch, prefill: PrefillCost, decode: DecodeModel) -> float:
+def step_seconds(
+    batch: ScheduledBatch, prefill: PrefillCost, decode: DecodeModel, prefill_step_s: float = 0.0
+) -> float:
     """Modelled duration of one step (module docstring)."""
     seconds, decodes, context = 0.0, 0, 0
     for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
@@ -61,6 +63,8 @@ def step_seconds(batch: ScheduledBatch, prefill: PrefillCost, decode: DecodeMode
             context += p + n
         else:
             seconds += prefill(p + n) - prefill(p)
+    if decodes < len(batch.seqs):
+        seconds += prefill_step_s
     return seconds + decode(decodes, context)
 
 
@@ -83,9 +87,10 @@ class SimEngine:
         decode: DecodeModel,
         clock: Callable[[], float],
         max_token_id: int = 256,
+        prefill_step_s: float = 0.0,
     ):
         self.config = config
-        self.prefill, self.decode = prefill, decode
+        self.prefill, self.decode, self.prefill_step_s = prefill, decode, prefill_step_s
         torch_dtype = DTYPES[dtype]
         budget = config.kv_cache_memory_bytes or config.cpu_cache_memory_bytes
         self.plan: CachePlan = plan_cache(spec, config, torch_dtype, budget)
@@ -149,7 +154,7 @@ class SimEngine:
         if not batch.seqs:
             return None
         self.busy = True
-        seconds = step_seconds(batch, self.prefill, self.decode)
+        seconds = step_seconds(batch, self.prefill, self.decode, self.prefill_step_s)
         self.steps += 1
         self.busy_seconds += seconds
         self._record(self._clock(), seconds, batch)

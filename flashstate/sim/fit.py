@@ -36,6 +36,8 @@ def read_steps(paths: list[Path]) -> list[dict[str, Any]]:
                 row = json.loads(line)
             except json.JSONDecodeError:
                 raise ValueError(f"{path}:{i}: not a JSON line") from None
+            if "request" in row:  # a request's line, not a step
+                continue
             missing = [k for k in NEEDED if k not in row]
             if missing:
                 raise ValueError(
@@ -64,7 +66,8 @@ def _r2(x: np.ndarray, y: np.ndarray, coef: np.ndarray) -> float:
 
 
 def fit_steps(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """{"decode": {base_s, per_seq_s, per_token_s}, "prefill": {a, b}, "fit": quality and counts}."""
+    """{"decode": {base_s, per_seq_s, per_token_s}, "prefill": {a, b, step_s}, "fit": quality and counts}.
+    A step with prefill costs step_s + a·tokens + b·pairs over its decode rows' modelled time."""
     decode_rows = [r for r in rows if not r["prefill_tokens"] and r["decode_seqs"]]
     prefill_rows = [r for r in rows if r["prefill_tokens"]]
     if len(decode_rows) < 3 or len(prefill_rows) < 2:
@@ -82,17 +85,17 @@ def fit_steps(rows: list[dict[str, Any]]) -> dict[str, Any]:
             return 0.0
         return base + per_seq * r["decode_seqs"] + per_token * r["decode_context"]
 
-    x = np.array([[r["prefill_tokens"], r["prefill_pairs"]] for r in prefill_rows], dtype=float)
+    x = np.array([[1.0, r["prefill_tokens"], r["prefill_pairs"]] for r in prefill_rows], dtype=float)
     y = np.array([r["ms"] / 1e3 - decode(r) for r in prefill_rows])
-    a, b = _nonneg_lstsq(x, y)
+    step, a, b = _nonneg_lstsq(x, y)
     return {
         "decode": {"base_s": float(base), "per_seq_s": float(per_seq), "per_token_s": float(per_token)},
-        "prefill": {"a": float(a), "b": float(b)},
+        "prefill": {"a": float(a), "b": float(b), "step_s": float(step)},
         "fit": {
             "decode_steps": len(decode_rows),
             "decode_r2": decode_r2,
             "prefill_steps": len(prefill_rows),
-            "prefill_r2": _r2(x, y, np.array([a, b])),
+            "prefill_r2": _r2(x, y, np.array([step, a, b])),
         },
     }
 

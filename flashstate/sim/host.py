@@ -42,6 +42,7 @@ class SimRestore:
     ready_at: float
     clock: Callable[[], float]
     copied: bool = True  # `wait_any` then calls `wait`, which has nothing to wait for in simulated time
+    fetched_at: float | None = None  # not modelled apart from the copies
 
     @property
     def depth(self) -> int:

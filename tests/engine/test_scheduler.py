@@ -5,14 +5,17 @@ import pytest
 from flashstate.cache.block_pool import BlockPool
 from flashstate.cache.manager import CacheManager
 from flashstate.cache.state_pool import StatePool
-from flashstate.engine.scheduler import RequestTooLargeError, Scheduler
+from flashstate.config import EngineConfig
+from flashstate.engine.scheduler import RequestTooLargeError, Scheduler, prefill_order
 from flashstate.engine.sequence import Sequence
 from flashstate.sampling_params import SamplingParams
 
 
-def _scheduler(num_blocks=16, block_size=4, slots=8, max_num_seqs=4, budget=10, max_len=1000, long_prefill=0):
+def _scheduler(
+    num_blocks=16, block_size=4, slots=8, max_num_seqs=4, budget=10, max_len=1000, long_prefill=0, **kw
+):
     cache = CacheManager(BlockPool(num_blocks, block_size), StatePool(slots))
-    return Scheduler(cache, max_num_seqs, budget, max_len, long_prefill)
+    return Scheduler(cache, max_num_seqs, budget, max_len, long_prefill, **kw)
 
 
 def _seq(rid: str, n: int, max_tokens: int = 4) -> Sequence:
@@ -56,6 +59,37 @@ def test_a_long_prefill_takes_at_most_the_threshold_and_leaves_the_rest_to_short
         _advance(sched, batch)
     assert sched.schedule().num_tokens == [4, 1]  # under the threshold: the rest in one chunk
     sched.check_integrity()
+
+
+@pytest.mark.parametrize("arrivals_first", [False, True])
+def test_arrivals_first_admits_ahead_of_a_running_prefill_which_keeps_the_rest(arrivals_first):
+    sched = _scheduler(num_blocks=32, budget=16, arrivals_first=arrivals_first)
+    long, d = _seq("long", 60), _seq("d", 2, max_tokens=20)
+    sched.add(d)
+    sched.add(long)
+    _advance(sched, sched.schedule())  # d prefilled (2), long's first chunk (14)
+    short = _seq("short", 5)
+    sched.add(short)
+    batch = sched.schedule()
+    if arrivals_first:  # d decodes, short is admitted, long takes what is left: the step stays full
+        assert [s.request_id for s in batch.seqs] == ["d", "short", "long"] and batch.num_tokens == [1, 5, 10]
+    else:  # vLLM's order: long's chunk fills the budget and short waits a step
+        assert [s.request_id for s in batch.seqs] == ["d", "long"] and batch.num_tokens == [1, 15]
+        assert list(sched.waiting) == [short]
+    _advance(sched, batch)
+    batch = sched.schedule()  # nothing waits: the running prefill goes in its FIFO place again
+    assert batch.seqs[0].request_id == "d" and sum(batch.num_tokens) == 16
+    sched.check_integrity()
+
+
+def test_prefill_order_defaults_to_arrivals_first_for_flashstate_alone():
+    assert prefill_order(EngineConfig(cache_policy="flashstate")) == "arrivals-first"
+    assert prefill_order(EngineConfig(cache_policy="vllm")) == "fifo"
+    assert (
+        prefill_order(EngineConfig(cache_policy="vllm", prefill_order="arrivals-first")) == "arrivals-first"
+    )
+    with pytest.raises(ValueError, match="prefill_order must be one of"):
+        EngineConfig(prefill_order="lifo")
 
 
 def test_fifo_head_is_never_skipped():

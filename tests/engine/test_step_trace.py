@@ -1,10 +1,11 @@
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from flashstate import LLM, SamplingParams
+from flashstate.bench.step_summary import read_trace, summarize_steps
+
+TIMES = ("arrival", "admitted", "running", "first_scheduled", "first_token", "finished")
 
 
 def test_one_line_per_step_accounts_for_every_token(tiny_model_dir, tmp_path):
@@ -19,7 +20,7 @@ def test_one_line_per_step_accounts_for_every_token(tiny_model_dir, tmp_path):
     prompts = [[(3 * i + j) % 1000 + 10 for i in range(50 + 20 * j)] for j in range(3)]
     llm.generate(prompts, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
     llm.close()
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows, requests = read_trace(path)
     # every prompt token is prefilled exactly once, every later token decoded once (the first comes
     # with the prompt's last chunk)
     assert sum(r["prefill_tokens"] for r in rows) == sum(len(p) for p in prompts)
@@ -34,6 +35,16 @@ def test_one_line_per_step_accounts_for_every_token(tiny_model_dir, tmp_path):
     assert sum(r["prefill_pairs"] for r in rows) == sum(len(p) ** 2 for p in prompts)
     # decodes of each request at lengths len(p) + 1 .. len(p) + 4
     assert sum(r["decode_context"] for r in rows) == sum(4 * len(p) + 10 for p in prompts)
+    # one line per finished request, its times in order; the third prompt waited for the budget (32 tokens
+    # a step: the first two prompts' chunks came first)
+    assert sorted(r["prompt_tokens"] for r in requests) == [len(p) for p in prompts]
+    for r in requests:
+        times = [r[k] for k in TIMES]
+        assert times == sorted(times) and r["running"] == r["admitted"] and r["fetched"] is None, r
+    assert max(r["admitted"] - r["arrival"] for r in requests) > 0
+    parts = summarize_steps(path)["ttft_parts"]
+    assert parts["requests"] == 3 and parts["restoring"]["p90"] == 0
+    assert parts["queued"]["p90"] > 0 and parts["to_first_step"]["p50"] > 0
 
 
 def test_an_unwritable_trace_path_is_a_clear_error(tiny_model_dir, tmp_path):
@@ -60,9 +71,14 @@ def test_with_a_host_tier_rows_carry_its_engine_time_and_restores(tiny_model_dir
     llm.generate([prompt + out.token_ids + [5, 6, 7]], params)
     stats = llm.engine.host.stats
     llm.close()
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows, requests = read_trace(path)
     assert stats.restores == 1 and sum(r["host_restores"] for r in rows) == 1
     # every lookup, write-back and restore ran inside some step: the rows add up to the tier's total
     assert stats.engine_seconds > 0
     assert sum(r["host_ms"] for r in rows) == pytest.approx(1e3 * stats.engine_seconds, abs=0.01 * len(rows))
     assert all(r["host_ms"] >= 0 for r in rows)
+    # the second request was restored from the host: it ran only after its restore landed
+    first, second = requests
+    assert second["running"] >= second["fetched"] > second["admitted"] >= second["arrival"]
+    assert first["running"] == first["admitted"] and first["fetched"] is None
+    assert second["cached_tokens"] > 0 and second["prompt_tokens"] == len(prompt) + len(out.token_ids) + 3

@@ -20,6 +20,17 @@ def test_positions_and_slots_follow_block_tables():
     assert meta.has_initial_state.tolist() == [False, True, True]
     assert meta.export_token_ids.tolist() == [1, 5] and meta.export_slots.tolist() == [7, 8]
     assert meta.context_lens.dtype == torch.int64 and not meta.is_decode
+    # the fields share one upload; each starts 16-byte aligned, as a tensor of its own would
+    tensors = [meta.cu_seqlens, meta.positions, meta.slot_mapping, meta.block_tables, meta.export_slots]
+    assert len({t.untyped_storage().data_ptr() for t in tensors}) == 1
+    assert all(t.data_ptr() % 16 == 0 and t.is_contiguous() for t in tensors)
+
+
+def test_a_batch_without_exports_has_empty_export_fields():
+    meta = ForwardMetadata.build([1], [4], [[3]], block_size=4, state_slots=[2])
+    assert meta.export_token_ids.shape == (0,) and meta.export_slots.shape == (0,)
+    assert meta.state_slots.tolist() == [2] and meta.block_tables.tolist() == [[3]]
+    assert meta.positions.tolist() == [3] and meta.slot_mapping.tolist() == [15] and meta.is_decode
 
 
 @pytest.mark.parametrize(

@@ -9,10 +9,10 @@ from flashstate.sim.profile import DEFAULT_PROFILE, PROFILES_DIR, load_profile
 
 from .helpers import growing, run
 
-# a step model with every term non-zero, unlike the shipped one's per_token_s
+# a step model with every term non-zero, unlike the shipped one's per_token_s and step_s
 MODEL = {
     "decode": {"base_s": 0.004, "per_seq_s": 3e-4, "per_token_s": 2e-9},
-    "prefill": {"a": 2e-5, "b": 9e-11},
+    "prefill": {"a": 2e-5, "b": 9e-11, "step_s": 0.05},
 }
 
 
@@ -55,6 +55,7 @@ def test_fit_profile_writes_a_profile_the_simulator_loads(tmp_path, capsys):
     assert p.name == "mine" and p.cache_bytes == load_profile().cache_bytes
     assert p.decode.per_token_s == pytest.approx(MODEL["decode"]["per_token_s"], rel=1e-6)
     assert p.prefill.b == pytest.approx(MODEL["prefill"]["b"], rel=1e-6)
+    assert p.prefill_step_s == pytest.approx(MODEL["prefill"]["step_s"], rel=1e-6)
     assert "steps.jsonl" in p.provenance
 
 

@@ -1,12 +1,13 @@
 """A restore from the host tier in flight: the store read + verify runs on the tier's fetch thread while
 the engine keeps stepping other sequences; then the host → device copies are issued (CUDA: on a side
-stream, an event marks when they have landed; CPU: at once) and the sequence continues from the host
-depth.
+stream, which the engine's stream waits for, so the sequence runs in the very step that issued them; CPU:
+at once) and the sequence continues from the host depth.
 
     | < shared: first_chunk * C tokens, KV blocks from the GPU tree > | < restored: chunks, tail, state > |
     0                                                                                             hit.depth
-Phases: FETCHING (the future is pending) → COPYING (the event is pending; CUDA only) → READY; or FAILED
-(an object missing or corrupt, or the store unreachable): nothing was copied, the sequence starts over.
+Phases: FETCHING (the future is pending) → READY (copies issued); or FAILED (an object missing or corrupt,
+or the store unreachable): nothing was copied, the sequence starts over. The fetched objects stay referenced
+until their copies have landed (`HostTier.hold_until_landed`).
 The sequence owns `blocks` and `slot` throughout; `cancel` (abort) waits for copies already issued.
 """
 
@@ -14,10 +15,8 @@ from __future__ import annotations
 
 import enum
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
-
-import torch
 
 if TYPE_CHECKING:
     from flashstate.cache.host.index import HostHit
@@ -39,49 +38,42 @@ class HostRestore:
     blocks: list[int]  # the sequence's block table: ceil(hit.depth / B) blocks
     slot: int
     future: Future
-    event: torch.cuda.Event | None = None
-    # Fetched objects, kept alive until the copies out of them have landed.
-    objects: list[list[torch.Tensor]] | None = field(default=None, repr=False)
-    copied: bool = False
+    copied: bool = False  # the copies are issued (the restore is READY)
+    fetched_at: float | None = None  # time.monotonic() when the fetch finished (the fetch thread sets it)
 
     @property
     def depth(self) -> int:
         return self.hit.depth
 
     def poll(self) -> RestorePhase:
-        """Engine thread: advance the restore as far as it can go without waiting."""
-        if not self.copied:
-            if not self.future.done():
-                return RestorePhase.PENDING
-            objects = self.future.result()
-            if objects is None:
-                return RestorePhase.FAILED
-            self.objects, self.copied = objects, True
-            self.event = self.tier.load(self.hit, objects, self.blocks, self.slot, self.first_chunk)
-        if self.event is not None and not self.event.query():
+        """Engine thread: advance the restore as far as it can go without waiting. READY once the copies
+        are issued: the engine's current stream waits for them, so whatever it runs next reads the state."""
+        if not self.future.done():
             return RestorePhase.PENDING
-        self.objects, self.event = None, None
+        objects = self.future.result()
+        if objects is None:
+            return RestorePhase.FAILED
+        self.copied = True
+        event = self.tier.load(self.hit, objects, self.blocks, self.slot, self.first_chunk)
+        if event is not None:
+            event.wait()  # the current stream
+            self.tier.hold_until_landed(event, objects)
         return RestorePhase.READY
 
     def wait(self, timeout: float) -> None:
-        """Block until the current phase may have moved on (at most `timeout` seconds while fetching)."""
-        if not self.copied:
-            wait([self.future], timeout)
-        elif self.event is not None:
-            self.event.synchronize()
+        """Block until the fetch may have finished (at most `timeout` seconds)."""
+        wait([self.future], timeout)
 
     def cancel(self) -> None:
-        """The sequence is aborted: once this returns, nothing writes into its blocks or slot."""
-        self.future.cancel()  # a fetch already running finishes on its own; its objects are dropped
-        if self.event is not None:
-            self.event.synchronize()
-        self.objects, self.event = None, None
+        """The sequence is aborted before its copies were issued: a fetch already running finishes on its
+        own, and its objects are dropped."""
+        self.future.cancel()
 
 
 def wait_any(restores: list[HostRestore], timeout: float) -> None:
     """Block until one of `restores` may be ready (the engine has nothing else to run)."""
-    copying = [r for r in restores if r.copied]
-    if copying:
-        copying[0].wait(timeout)
+    copied = [r for r in restores if r.copied]  # the simulator's restores wait in their own time
+    if copied:
+        copied[0].wait(timeout)
     elif restores:
         wait([r.future for r in restores], timeout, FIRST_COMPLETED)

@@ -95,7 +95,8 @@ class HostTier:
             self._try_reconnect,
             retry_seconds,
         )
-        self._fetcher = ThreadPoolExecutor(2, thread_name_prefix="flashstate-host-fetch")
+        self._fetcher = ThreadPoolExecutor(4, thread_name_prefix="flashstate-host-fetch")
+        self._landing: list[tuple[torch.cuda.Event, list[list[torch.Tensor]]]] = []
         self._fetches: set[Future] = set()
 
     @property
@@ -232,10 +233,20 @@ class HostTier:
     ) -> HostRestore:
         """Fetch `hit` from chunk `first_chunk` on in the background; the restore copies into `blocks`
         (the whole table: ceil(depth / B) blocks) and `slot` once the engine polls it ready."""
+        self._landed()
         future = self._fetcher.submit(self._fetch_in_background, hit, first_chunk)
+        restore = HostRestore(self, hit, first_chunk, kv_depth, blocks, slot, future)
         self._fetches.add(future)
+        future.add_done_callback(lambda f: setattr(restore, "fetched_at", time.monotonic()))
         future.add_done_callback(self._fetches.discard)
-        return HostRestore(self, hit, first_chunk, kv_depth, blocks, slot, future)
+        return restore
+
+    def hold_until_landed(self, event: torch.cuda.Event, objects: list[list[torch.Tensor]]) -> None:
+        """Keep a restore's fetched objects (staging ranges among them) until its copies have landed."""
+        self._landing.append((event, objects))
+
+    def _landed(self) -> None:
+        self._landing = [(e, o) for e, o in self._landing if not e.query()]
 
     def _fetch_in_background(self, hit: HostHit, first_chunk: int) -> list[list[torch.Tensor]] | None:
         try:
@@ -380,6 +391,9 @@ class HostTier:
 
     def close(self) -> None:
         self._fetcher.shutdown(wait=True, cancel_futures=True)
+        for event, _ in self._landing:
+            event.synchronize()
+        self._landing.clear()
         self._writer.close()
         self.store.close()
         if self._staging is not None:
