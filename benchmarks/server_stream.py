@@ -32,7 +32,7 @@ import numpy as np
 import uvicorn
 
 from flashstate import EngineConfig, SamplingParams
-from flashstate.bench.step_summary import summarize_rows
+from flashstate.bench.step_summary import read_trace, summarize_rows
 from flashstate.engine.async_engine import AsyncEngine
 from flashstate.engine.llm_engine import LLMEngine
 from flashstate.server.app import build_app
@@ -84,7 +84,7 @@ def new_trace() -> str:
 
 def decode_steps(trace: str) -> dict:
     """The step summary's decode rows (bench/step_summary.py), and the decode step's fit over batch size."""
-    rows = [json.loads(line) for line in Path(trace).read_text().splitlines()]
+    rows = read_trace(Path(trace))[0]
     summary = summarize_rows(rows)
     decode = [r for r in rows if not r["prefill_tokens"] and r["decode_seqs"]]
     ms = np.array([r["ms"] for r in decode])

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from flashstate import SamplingParams
+from flashstate.bench.step_summary import read_trace
 from flashstate.engine.llm_engine import LLMEngine
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace, mode: str, text: str) -> dict:
     if worker:
         worker.join()
     engine.close()
-    rows = [json.loads(line) for line in Path(trace).read_text().splitlines()]
+    rows = read_trace(Path(trace))[0]
     ms = np.array([r["ms"] for r in rows if not r["prefill_tokens"] and r["decode_seqs"]])
     return {"wall_s": wall, "decode_steps": len(ms), "mean_ms": float(ms.mean()),
             "p99_ms": float(np.percentile(ms, 99)), "max_ms": float(ms.max()),

@@ -48,9 +48,32 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+def host_profile(engine, path: Path) -> None:
+    """One engine step under cProfile: where the host's time goes (top functions by own time)."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    sync()
+    prof.enable()
+    engine.step()
+    sync()
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(40)
+    path.write_text(text.getvalue())
+
+
 def run(
-    model_dir: Path, batch: int, context: int, budget: int, chunk: int, device: str, profile_dir: Path | None
-) -> dict:
+    model_dir: Path,
+    batch: int,
+    context: int,
+    budget: int,
+    chunks: list[int],
+    device: str,
+    profile_dir: Path | None,
+) -> list[dict]:
     kw = {} if device == "cuda" else dict(device=device, dtype="float32", kv_cache_memory_bytes=1 << 30)
     llm = make_llm(model_dir, max_num_seqs=batch + 2, max_num_batched_tokens=budget, **kw)
     engine = llm.engine
@@ -65,26 +88,34 @@ def run(
         engine.step()
     for _ in range(3):
         engine.step()
-    decode = [timed_step(engine)[0] for _ in range(10)]
-    rows = {"budget": budget, "batch": batch, "context": context, "decode_ms": 1e3 * min(decode)}
-    for label, ids in (
-        ("fresh", prompt(chunk, seed=7)),
-        ("over_prefix", shared + prompt(chunk, seed=8)),
-    ):
-        engine.add_request(ids, SamplingParams(max_tokens=1, temperature=0))
-        steps = []
-        while engine.scheduler.waiting or any(
-            s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running
+    rows = []
+    for chunk in chunks:
+        decode = [timed_step(engine)[0] for _ in range(10)]
+        row = dict(budget=budget, chunk=chunk, batch=batch, context=context, decode_ms=1e3 * min(decode))
+        for label, ids in (
+            ("fresh", prompt(chunk, seed=7 + 100 * chunk)),
+            ("over_prefix", shared + prompt(chunk, seed=8 + 100 * chunk)),
         ):
-            steps.append(timed_step(engine))
-        mixed = [s for s in steps if s[1] > 0]
-        rows[f"{label}_steps"] = [(round(1e3 * t, 2), p, d) for t, p, d in mixed]
-        rows[f"{label}_prefill_tok_s"] = sum(p for _, p, _ in mixed) / max(sum(t for t, _, _ in mixed), 1e-9)
-    if profile_dir is not None:
-        engine.add_request(shared + prompt(chunk, seed=10), SamplingParams(max_tokens=1, temperature=0))
-        profiled_step(engine, profile_dir / f"mixed_step_profile_{budget}.txt")
-    alone = make_alone(llm, chunk)
-    rows["prefill_alone_ms"] = alone
+            engine.add_request(ids, SamplingParams(max_tokens=1, temperature=0))
+            steps = []
+            while engine.scheduler.waiting or any(
+                s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running
+            ):
+                steps.append(timed_step(engine))
+            mixed = [s for s in steps if s[1] > 0]
+            row[f"{label}_steps"] = [(round(1e3 * t, 2), p, d) for t, p, d in mixed]
+            seconds = sum(t for t, _, _ in mixed)
+            row[f"{label}_step_ms"] = 1e3 * seconds / max(len(mixed), 1)
+            row[f"{label}_prefill_tok_s"] = sum(p for _, p, _ in mixed) / max(seconds, 1e-9)
+        if profile_dir is not None:
+            one = SamplingParams(max_tokens=1, temperature=0)
+            engine.add_request(shared + prompt(chunk, seed=10 + 100 * chunk), one)
+            profiled_step(engine, profile_dir / f"mixed_step_profile_{budget}_{chunk}.txt")
+            engine.add_request(shared + prompt(chunk, seed=11 + 100 * chunk), one)
+            host_profile(engine, profile_dir / f"mixed_step_host_{budget}_{chunk}.txt")
+        rows.append(row)
+    for row in rows:
+        row["prefill_alone_ms"] = make_alone(llm, row["chunk"])
     for req in list(engine.requests):
         engine.abort(req)
     del llm
@@ -112,6 +143,7 @@ def main() -> None:
     p.add_argument("--context", type=int, default=16384)
     p.add_argument("--budgets", default="8192,32768")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--chunks", default="", help="prefill chunk sizes (default: each budget less the batch)")
     p.add_argument("--profile", action="store_true", help="profile one mixed step over the prefix")
     args = p.parse_args()
     model_dir = preset_dir(args.preset)
@@ -121,14 +153,16 @@ def main() -> None:
     profile_dir = out if args.profile else None
     rows = []
     for b in budgets:
-        rows.append(run(model_dir, args.batch, args.context, b, b - args.batch, args.device, profile_dir))
+        chunks = [int(c) for c in args.chunks.split(",")] if args.chunks else [b - args.batch]
+        rows.extend(run(model_dir, args.batch, args.context, b, chunks, args.device, profile_dir))
         (out / "mixed_step.json").write_text(json.dumps(rows, indent=1))
-    print("| budget | decode step | fresh chunk: steps (ms, prefill tokens, decodes) | prefill tok/s "
-          "| over the prefix: tok/s | chunk alone |")  # fmt: skip
+    print("| budget | chunk | decode step | fresh chunk: steps (ms, prefill tokens, decodes) | prefill tok/s "
+          "| over the prefix: ms per step, tok/s | chunk alone |")  # fmt: skip
     for r in rows:
         print(
-            f"| {r['budget']} | {r['decode_ms']:.1f} ms | {r['fresh_steps'][:3]} "
-            f"| {r['fresh_prefill_tok_s']:.0f} | {r['over_prefix_prefill_tok_s']:.0f} "
+            f"| {r['budget']} | {r['chunk']} | {r['decode_ms']:.1f} ms | {r['fresh_steps'][:3]} "
+            f"| {r['fresh_prefill_tok_s']:.0f} "
+            f"| {r['over_prefix_step_ms']:.1f}, {r['over_prefix_prefill_tok_s']:.0f} "
             f"| {r['prefill_alone_ms']:.1f} ms |"
         )
 
