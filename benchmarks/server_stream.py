@@ -7,7 +7,10 @@ AsyncEngine's thread without HTTP (an asyncio consumer in the main thread), and 
         --streams 32 --tokens 256 --prompt-tokens 16384          # the H200: the real model, greedy
 
 `--streams` requests, all at once, each from a token-id prompt of `--prompt-tokens`; request i generates
-(i + 1) / streams of `--tokens`, so the batch shrinks one sequence at a time. Without `--preset` the model
+(i + 1) / streams of `--tokens`, so the batch shrinks one sequence at a time. `--arrivals K` adds K short
+requests (`--arrival-tokens` each, 2 output tokens), one every `--arrival-gap` seconds while the streams
+decode: each prefills in a mixed step beside the decoding rows, and the modes' prefill steps are compared
+too (what a served prefill step costs over the same step stepped directly). Without `--preset` the model
 forward is a stub (the host's work alone); with one, the preset's model runs on `--device`. Each mode's
 decode steps come from its step trace: their mean time, and the fit step = base + per_seq · B (what a
 sequence adds to a decode step). Prints one table; `--out` writes JSON.
@@ -68,6 +71,14 @@ def prompts(args: argparse.Namespace) -> list[list[int]]:
     return [[100 + (7 * i + j) % 1500 for j in range(args.prompt_tokens)] for i in range(args.streams)]
 
 
+def arrivals(args: argparse.Namespace) -> list[tuple[float, list[int]]]:
+    """(seconds after the start, prompt) of each short arrival."""
+    return [
+        ((i + 1) * args.arrival_gap, [50 + (11 * i + 3 * j) % 1900 for j in range(args.arrival_tokens)])
+        for i in range(args.arrivals)
+    ]
+
+
 def lengths(args: argparse.Namespace) -> list[int]:
     """Request i generates (i + 1) / streams of `--tokens`: the batch shrinks from `--streams` to 1, so the
     decode steps span every batch size (and the batch changes as requests finish, as under serving)."""
@@ -83,15 +94,20 @@ def new_trace() -> str:
 
 
 def decode_steps(trace: str) -> dict:
-    """The step summary's decode rows (bench/step_summary.py), and the decode step's fit over batch size."""
+    """The step summary's decode rows (bench/step_summary.py), the decode step's fit over batch size, and
+    the arrivals' steps: those with prefill after the first decode step (mixed steps)."""
     rows = read_trace(Path(trace))[0]
     summary = summarize_rows(rows)
     decode = [r for r in rows if not r["prefill_tokens"] and r["decode_seqs"]]
+    first = rows.index(decode[0]) if decode else len(rows)
+    mixed = [r["ms"] for r in rows[first:] if r["prefill_tokens"]]
     ms = np.array([r["ms"] for r in decode])
     batch = np.array([r["decode_seqs"] for r in decode], dtype=float)
     fit = np.polyfit(batch, ms, 1) if np.ptp(batch) > 0 else (float("nan"), float("nan"))
     return {
         **{k: summary[k] for k in ("decode_steps", "decode_step_ms_mean", "decode_batch_mean")},
+        "prefill_steps": len(mixed),
+        "prefill_step_ms_mean": float(np.mean(mixed)) if mixed else None,
         "per_seq_ms": float(fit[0]),
         "base_ms": float(fit[1]),
     }
@@ -102,8 +118,11 @@ def direct(args: argparse.Namespace) -> dict:
     engine = stubbed(LLMEngine(make_config(args, trace)), args)
     for p, n in zip(prompts(args), lengths(args), strict=True):
         engine.add_request(p, params(n))
+    due = arrivals(args)
     start = time.perf_counter()
-    while engine.has_unfinished():
+    while engine.has_unfinished() or due:
+        while due and time.perf_counter() - start >= due[0][0]:
+            engine.add_request(due.pop(0)[1], params(2))
         for out in engine.step():
             out.delta_text  # noqa: B018 — what a streaming consumer reads
     wall = time.perf_counter() - start
@@ -122,8 +141,15 @@ def threaded(args: argparse.Namespace) -> dict:
         async for out in engine.generate(prompt, params(n)):
             out.delta_text  # noqa: B018
 
+    async def late(delay: float, prompt: list[int]) -> None:
+        await asyncio.sleep(delay)
+        await one(prompt, 2)
+
     async def run() -> None:
-        await asyncio.gather(*(one(p, n) for p, n in zip(prompts(args), lengths(args), strict=True)))
+        await asyncio.gather(
+            *(one(p, n) for p, n in zip(prompts(args), lengths(args), strict=True)),
+            *(late(t, p) for t, p in arrivals(args)),
+        )
 
     start = time.perf_counter()
     asyncio.run(run())
@@ -132,8 +158,15 @@ def threaded(args: argparse.Namespace) -> dict:
     return {"wall_s": wall, **decode_steps(trace)}
 
 
-def load(port: int, model: str, prompt_list: list[list[int]], tokens: list[int]) -> tuple[list[int], float]:
-    """Concurrent streamed completions: the data chunks each received, and the seconds they took."""
+def load(
+    port: int,
+    model: str,
+    prompt_list: list[list[int]],
+    tokens: list[int],
+    late: list[tuple[float, list[int]]],
+) -> tuple[list[int], float]:
+    """Concurrent streamed completions, and the `late` ones sent after their delays: the data chunks each
+    received, and the seconds they took."""
 
     async def one(client: httpx.AsyncClient, prompt: list[int], n: int) -> int:
         body = {"model": model, "prompt": prompt, "max_tokens": n, "stream": True,
@@ -144,10 +177,15 @@ def load(port: int, model: str, prompt_list: list[list[int]], tokens: list[int])
                 chunks += line.startswith("data: {")
         return chunks
 
+    async def later(client: httpx.AsyncClient, delay: float, prompt: list[int]) -> int:
+        await asyncio.sleep(delay)
+        return await one(client, prompt, 2)
+
     async def run() -> list[int]:
         async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=None)) as client:
             return await asyncio.gather(
-                *(one(client, p, n) for p, n in zip(prompt_list, tokens, strict=True))
+                *(one(client, p, n) for p, n in zip(prompt_list, tokens, strict=True)),
+                *(later(client, t, p) for t, p in late),
             )
 
     start = time.perf_counter()
@@ -172,7 +210,7 @@ def served(args: argparse.Namespace) -> dict:
     model = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"][0]["id"]
     # the clients parse their streams in another process, as real clients do: not under the server's GIL
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        chunks, wall = pool.apply(load, (port, model, prompts(args), lengths(args)))
+        chunks, wall = pool.apply(load, (port, model, prompts(args), lengths(args), arrivals(args)))
     server.should_exit = True
     thread.join(timeout=30)
     engine.shutdown()
@@ -187,9 +225,13 @@ def main() -> None:
     p.add_argument("--preset", help="a model preset (default: the tiny model with a stub forward)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--cache-bytes", type=int, default=1 << 30, help="KV + state budget")
+    p.add_argument("--arrivals", type=int, default=0, help="short requests sent while the streams decode")
+    p.add_argument("--arrival-tokens", type=int, default=128)
+    p.add_argument("--arrival-gap", type=float, default=0.25, help="seconds between arrivals")
     p.add_argument("--out", help="write the rows as JSON here")
     args = p.parse_args()
-    direct(argparse.Namespace(**{**vars(args), "streams": 2, "tokens": 8}))  # warm-up: lazy set-up, compiles
+    warm = {"streams": 2, "tokens": 8, "arrivals": 1, "arrival_gap": 0}
+    direct(argparse.Namespace(**{**vars(args), **warm}))  # warm-up: lazy set-up, compiles
     rows = {"direct (main thread)": direct(args)}
     # each threaded mode in a fresh process whose main thread never ran torch ops, as in `flashstate serve`
     for mode, fn in (("engine thread, no HTTP", threaded), ("server, streaming clients", served)):
@@ -197,11 +239,14 @@ def main() -> None:
             rows[mode] = pool.submit(fn, args).result()
     print(f"\n{args.preset or 'stub'} on {args.device}: {args.streams} streams × {args.tokens} tokens, "
           f"prompts of {args.prompt_tokens}")  # fmt: skip
-    print("| mode | wall s | decode steps | ms / decode step | mean batch | per seq ms | base ms | chunks |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| mode | wall s | decode steps | ms / decode step | mean batch | per seq ms | base ms "
+          "| prefill steps | ms / prefill step | chunks |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for mode, r in rows.items():
+        prefill_ms = r["prefill_step_ms_mean"]
         print(f"| {mode} | {r['wall_s']:.2f} | {r['decode_steps']} | {r['decode_step_ms_mean']:.2f} "
               f"| {r['decode_batch_mean']:.1f} | {r['per_seq_ms']:.3f} | {r['base_ms']:.2f} "
+              f"| {r['prefill_steps']} | {'–' if prefill_ms is None else f'{prefill_ms:.2f}'} "
               f"| {r.get('chunks', '–')} |")  # fmt: skip
     if args.out:
         Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))

@@ -252,6 +252,13 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
         help="requests queued beyond this get 503",
     )
     g.add_argument(
+        "--gil-switch-interval-ms",
+        type=float,
+        default=d.gil_switch_interval_ms,
+        help="Python's GIL switch interval in the server: how long a thread that gave up the GIL (the "
+        "event loop, a host-tier fetch) may wait for the busy engine thread to hand it back (Python: 5)",
+    )
+    g.add_argument(
         "--max-request-body-bytes",
         type=human_readable_int,
         default=d.max_request_body_bytes,

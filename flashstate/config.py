@@ -59,6 +59,10 @@ class EngineConfig:
     served_model_name: str | None = None
     api_key: str | None = None
     max_waiting_requests: int = 1024  # beyond this the server answers 503
+    # Python's GIL switch interval in the server (Python's default is 5 ms): a thread that released the GIL
+    # (the event loop after a socket write, a host-tier fetch after a checksum) waits up to this long for the
+    # engine thread to give it back.
+    gil_switch_interval_ms: float = 1.0
     tensor_parallel_size: int = 1  # ranks (GPUs: cuda:k..k+N-1) the model's heads are split over
     enforce_eager: bool = False  # no CUDA graphs for decode
     # Pure-decode steps: launch step n+1 before reading step n's tokens (the engine falls back to synchronous
@@ -93,6 +97,10 @@ class EngineConfig:
             "cpu_cache_memory_bytes",
         ):
             positive(name)
+        if not 0 < self.gil_switch_interval_ms <= 1000:
+            raise ValueError(
+                f"gil_switch_interval_ms must be in (0, 1000], got {self.gil_switch_interval_ms}"
+            )
         if self.long_prefill_token_threshold < 0:
             raise ValueError(
                 f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}"

@@ -206,7 +206,8 @@ class MultiLatentAttention(AttentionMixer):
             torch.cat([c, k_rope], -1)[:, None], c[:, None], self.k_cache, self.v_cache, meta.slot_mapping
         )
         q = q.view(t, h, a.head_dim)
-        o = self.attend_expanded(q, meta) if long_spans(q, meta.cu_seqlens) else self.attend_latent(q, meta)
+        long = long_spans(q, meta.cu_seqlens, meta.spans)
+        o = self.attend_expanded(q, meta) if long else self.attend_latent(q, meta)
         return self.o_proj(o.reshape(t, h * a.v_head_dim))
 
     def attend_latent(self, q: Tensor, meta: ForwardMetadata) -> Tensor:
@@ -220,6 +221,7 @@ class MultiLatentAttention(AttentionMixer):
         o = paged_attention(
             torch.cat([q_latent, q_rope], -1), self.k_cache, self.v_cache, cu_seqlens=meta.cu_seqlens,
             context_lens=meta.context_lens, block_tables=meta.block_tables, scale=a.head_dim**-0.5,
+            spans=meta.spans,
         )  # [T, H, rank]  # fmt: skip
         return torch.bmm(o.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)
 

@@ -150,6 +150,7 @@ class Attention(AttentionMixer):
             cu_seqlens=meta.cu_seqlens,
             context_lens=meta.context_lens,
             block_tables=meta.block_tables,
+            spans=meta.spans,
             scale=self.head_dim**-0.5,
         )
         return self.o_proj(o.flatten(1))

@@ -143,7 +143,7 @@ class Qwen3NextAttention(StackedLinears, AttentionMixer):
         )  # fmt: skip
         o = paged_attention(
             q, self.k_cache, self.v_cache, cu_seqlens=meta.cu_seqlens, context_lens=meta.context_lens,
-            block_tables=meta.block_tables, scale=self.scale,
+            block_tables=meta.block_tables, scale=self.scale, spans=meta.spans,
         )
         o = sigmoid_mul(o, gate)  # gate: a strided [T, H, D] view
         return self.o_proj(o.reshape(t, -1))

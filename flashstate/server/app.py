@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 import logging
+import sys
 from collections.abc import AsyncIterator
 from http import HTTPStatus
 from typing import TypeVar
@@ -145,6 +146,8 @@ def build_app(engine: AsyncEngine, config: EngineConfig) -> FastAPI:
 
 def serve(config: EngineConfig) -> None:
     """Load the model, start the engine loop, serve until SIGINT/SIGTERM."""
+    sys.setswitchinterval(config.gil_switch_interval_ms / 1e3)
+    logger.info("GIL switch interval %g ms", config.gil_switch_interval_ms)
     engine = AsyncEngine(config)
     app = build_app(engine, config)
     logger.info("serving %s on http://%s:%d", served_model_name(config), config.host, config.port)

@@ -26,6 +26,15 @@ def test_positions_and_slots_follow_block_tables():
     assert all(t.data_ptr() % 16 == 0 and t.is_contiguous() for t in tensors)
 
 
+def test_spans_are_read_on_the_host():
+    """(shortest span, every span a whole prompt): what the attention ops pick their kernel by, sync-free."""
+    whole = ForwardMetadata.build([300, 400], [300, 400], [[0] * 19, [1] * 25], 16, [0, 1])
+    assert whole.spans == (300, True)
+    resumed = ForwardMetadata.build([300, 2], [300, 40], [[0] * 19, [1] * 3], 16, [0, 1])
+    assert resumed.spans == (2, False)
+    assert whole.to("cpu").spans == (300, True)
+
+
 def test_a_batch_without_exports_has_empty_export_fields():
     meta = ForwardMetadata.build([1], [4], [[3]], block_size=4, state_slots=[2])
     assert meta.export_token_ids.shape == (0,) and meta.export_slots.shape == (0,)

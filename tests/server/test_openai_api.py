@@ -33,6 +33,11 @@ def test_models_lists_the_served_model(client):
     assert card.model_extra["max_model_len"] == 2000
 
 
+def test_the_server_shortens_the_gil_switch_interval(server):
+    """The event loop and host-tier threads wait at most 1 ms (not Python's 5) for the engine thread."""
+    assert "GIL switch interval 1 ms" in server.log_tail(100_000)
+
+
 def test_health_version_and_metrics_need_no_key(server):
     assert server.request("GET", "/health")[0] == 200
     status, body = server.request("GET", "/version")

@@ -8,7 +8,7 @@ at once) and the sequence continues from the host depth.
 Phases: FETCHING (the future is pending) → READY (copies issued); or FAILED (an object missing or corrupt,
 or the store unreachable): nothing was copied, the sequence starts over. The fetched objects stay referenced
 until their copies have landed (`HostTier.hold_until_landed`).
-The sequence owns `blocks` and `slot` throughout; `cancel` (abort) waits for copies already issued.
+The sequence owns `blocks` and `slot` throughout; `cancel` (an abort before READY) drops the fetch.
 """
 
 from __future__ import annotations
