@@ -246,3 +246,33 @@ def test_a_store_lost_during_the_fetch_falls_back_to_recompute(tiny_model_dir, p
     assert outs[a].num_cached_tokens == 0
     assert not engine.host.available and engine.host.stats.outages == 1 and engine.host.stats.restores == 0
     engine.close()
+
+
+def test_a_state_being_restored_is_not_evicted_by_a_write_back(tiny_model_dir, plain, request):
+    """An in-process store hands an evicted object's bytes to the next write-back at once, so a restore pins
+    its state in the index until its copies have landed. Here another request's state, worth more, could
+    only be written by evicting the one being fetched: it is refused instead."""
+    llm = _engine(tiny_model_dir, request)
+    engine = llm.engine
+    rng = random.Random(3)
+    vocab = engine.spec.vocab_size
+    resumed = _only_on_host(llm, _tokens(rng, 300, vocab))
+    index = engine.host.index
+    (held,) = index.states.values()
+    chunk = next(iter(index.chunks.values())).nbytes
+    other = _tokens(rng, 1000, vocab)  # its state: 3 chunks of its own and a state object
+    index.capacity = index.used + held.nbytes + 3 * chunk - 1  # fits alone, not beside `held`
+    store = engine.host.store = GatedStore(engine.host.store)
+    a = engine.add_request(resumed, PARAMS)
+    b = engine.add_request(other, PARAMS)
+    seq_a = engine.requests[a].seq
+    done = {}
+    while b not in done:  # `b` runs to its end, and writes back, while the fetch of `a` is held up
+        done.update({o.request_id: o for o in engine.step() if o.finished})
+        assert seq_a.status is SequenceStatus.RESTORING
+    assert held.key in index.states and engine.host.stats.writes_refused == 1
+    store.gate.set()
+    outs = _run(engine, [a])
+    assert outs[a].token_ids == plain.generate([resumed], PARAMS)[0].token_ids
+    assert engine.host.stats.restores == 1 and engine.cache.stats.host_hits == 1
+    engine.close()

@@ -7,7 +7,8 @@ is restorable once its own object and every chunk it references are written (`re
 Eviction: H = L + C(p) / bytes, bytes = the state object plus the chunks only it references; L rises to
 the H of each evicted state; a hit re-stamps; a new state that would have to evict states of higher H is
 not written. Every object that leaves the index goes to `on_remove` (the tier removes it from the store).
-Not locked: the tier holds its lock around every call.
+A pinned state (a restore reading it) is never evicted: an in-process store reuses an evicted object's bytes
+at once. Not locked: the tier holds its lock around every call.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class IndexedState:
     priority: float = 0.0  # GDS L when stamped
     ready: bool = False
     exclusive: int = 0  # bytes of the chunks only this state references (kept as holders change)
+    pins: int = 0  # restores reading it now
 
 
 @dataclass(slots=True)
@@ -75,6 +77,12 @@ class HostIndex:
             state.priority = self.clock
         return state is not None
 
+    def pin(self, key: str, by: int) -> None:
+        """A restore starts reading the state `key` (by = 1) or is done with it (by = -1)."""
+        state = self.states.get(key)
+        if state is not None:
+            state.pins += by
+
     def admit(
         self, key: str, depth: int, base: bytes, chunk_keys: list[str], state_bytes: int, chunk_bytes: int
     ) -> bool:
@@ -110,7 +118,7 @@ class HostIndex:
         while self.used + need > self.capacity:
             best, best_h = None, None
             for s in self.states.values():
-                if s.ready:
+                if s.ready and not s.pins:
                     h = s.priority + self.value(s)
                     if best_h is None or h < best_h:
                         best, best_h = s, h

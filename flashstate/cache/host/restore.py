@@ -7,7 +7,8 @@ at once) and the sequence continues from the host depth.
     0                                                                                             hit.depth
 Phases: FETCHING (the future is pending) → READY (copies issued); or FAILED (an object missing or corrupt,
 or the store unreachable): nothing was copied, the sequence starts over. The fetched objects stay referenced
-until their copies have landed (`HostTier.hold_until_landed`).
+until their copies have landed, and their state pinned against eviction from the start of the fetch
+(`HostTier.hold_until_landed`).
 The sequence owns `blocks` and `slot` throughout; `cancel` (an abort before READY) drops the fetch.
 """
 
@@ -52,12 +53,13 @@ class HostRestore:
             return RestorePhase.PENDING
         objects = self.future.result()
         if objects is None:
+            self.tier.unpin(self.hit)
             return RestorePhase.FAILED
         self.copied = True
         event = self.tier.load(self.hit, objects, self.blocks, self.slot, self.first_chunk)
         if event is not None:
             event.wait()  # the current stream
-            self.tier.hold_until_landed(event, objects)
+        self.tier.hold_until_landed(self.hit, event, objects)
         return RestorePhase.READY
 
     def wait(self, timeout: float) -> None:
@@ -66,8 +68,9 @@ class HostRestore:
 
     def cancel(self) -> None:
         """The sequence is aborted before its copies were issued: a fetch already running finishes on its
-        own, and its objects are dropped."""
+        own, and its objects are dropped (its state unpinned once it has)."""
         self.future.cancel()
+        self.future.add_done_callback(lambda _: self.tier.unpin(self.hit))
 
 
 def wait_any(restores: list[HostRestore], timeout: float) -> None:

@@ -96,7 +96,7 @@ class HostTier:
             retry_seconds,
         )
         self._fetcher = ThreadPoolExecutor(4, thread_name_prefix="flashstate-host-fetch")
-        self._landing: list[tuple[torch.cuda.Event, list[list[torch.Tensor]]]] = []
+        self._landing: list[tuple[torch.cuda.Event, HostHit, list[list[torch.Tensor]]]] = []
         self._fetches: set[Future] = set()
 
     @property
@@ -137,6 +137,7 @@ class HostTier:
         if not self.available:
             self.stats.writes_skipped += 1
             return
+        self._landed()  # restores whose copies have landed no longer pin their states against eviction
         c, b = self.layout.chunk_tokens, self.block_size
         with self._lock:
             last, key, chunk_keys = self.layout.keys(tokens, depth, chain)
@@ -234,6 +235,8 @@ class HostTier:
         """Fetch `hit` from chunk `first_chunk` on in the background; the restore copies into `blocks`
         (the whole table: ceil(depth / B) blocks) and `slot` once the engine polls it ready."""
         self._landed()
+        with self._lock:
+            self.index.pin(hit.key, 1)  # its objects' bytes must stay put until the copies have landed
         future = self._fetcher.submit(self._fetch_in_background, hit, first_chunk)
         restore = HostRestore(self, hit, first_chunk, kv_depth, blocks, slot, future)
         self._fetches.add(future)
@@ -241,12 +244,28 @@ class HostTier:
         future.add_done_callback(self._fetches.discard)
         return restore
 
-    def hold_until_landed(self, event: torch.cuda.Event, objects: list[list[torch.Tensor]]) -> None:
-        """Keep a restore's fetched objects (staging ranges among them) until its copies have landed."""
-        self._landing.append((event, objects))
+    def hold_until_landed(
+        self, hit: HostHit, event: torch.cuda.Event | None, objects: list[list[torch.Tensor]]
+    ) -> None:
+        """Keep a restore's fetched objects (staging ranges among them), and its state pinned in the index,
+        until its copies have landed (`event`; None: they already have)."""
+        if event is None:
+            self.unpin(hit)
+        else:
+            self._landing.append((event, hit, objects))
+
+    def unpin(self, hit: HostHit) -> None:
+        """A restore is done reading `hit`'s objects: its state may be evicted again."""
+        with self._lock:
+            self.index.pin(hit.key, -1)
 
     def _landed(self) -> None:
-        self._landing = [(e, o) for e, o in self._landing if not e.query()]
+        landing, self._landing = self._landing, []
+        for event, hit, objects in landing:
+            if event.query():
+                self.unpin(hit)
+            else:
+                self._landing.append((event, hit, objects))
 
     def _fetch_in_background(self, hit: HostHit, first_chunk: int) -> list[list[torch.Tensor]] | None:
         try:
@@ -391,7 +410,7 @@ class HostTier:
 
     def close(self) -> None:
         self._fetcher.shutdown(wait=True, cancel_futures=True)
-        for event, _ in self._landing:
+        for event, _, _ in self._landing:
             event.synchronize()
         self._landing.clear()
         self._writer.close()

@@ -49,6 +49,23 @@ def test_eviction_takes_the_cheapest_ready_state_and_refuses_a_poorer_newcomer()
     assert_consistent(index)
 
 
+def test_a_pinned_state_is_not_evicted_until_unpinned():
+    """A restore reading a state pins it: an in-process store would hand its bytes to the next write-back."""
+    index, removed = _index(250)
+    for key, depth, chunk in (("deep", 200, "c1"), ("shallow", 10, "c2")):
+        assert index.admit(key, depth, b"b", [chunk], state_bytes=20, chunk_bytes=100)
+        index.mark_written(key, [chunk])
+    index.pin("shallow", 1)
+    assert index.admit("mid", 100, b"m", [], state_bytes=50, chunk_bytes=100)  # evicts "deep" instead
+    assert removed == ["deep", "c1"] and "shallow" in index.states
+    index.pin("shallow", -1)
+    index.mark_written("mid", [])
+    assert index.admit("next", 150, b"n", [], state_bytes=100, chunk_bytes=100)
+    assert removed[2:] == ["shallow", "c2"]
+    index.pin("gone", 1)  # a state no longer held: nothing to pin
+    assert_consistent(index)
+
+
 def test_touch_restamps_and_mark_written_needs_the_state_still_there():
     index, _ = _index(1000)
     assert not index.touch("s") and not index.mark_written("s", [])
