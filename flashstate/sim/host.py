@@ -41,6 +41,7 @@ class SimRestore:
     kv_depth: int
     ready_at: float
     clock: Callable[[], float]
+    unpin: Callable[[], None]  # the real tier's pin: the state is not evicted while it is read
     copied: bool = True  # `wait_any` then calls `wait`, which has nothing to wait for in simulated time
     fetched_at: float | None = None  # not modelled apart from the copies
 
@@ -49,13 +50,16 @@ class SimRestore:
         return self.hit.depth
 
     def poll(self) -> RestorePhase:
-        return RestorePhase.READY if self.clock() >= self.ready_at else RestorePhase.PENDING
+        if self.clock() < self.ready_at:
+            return RestorePhase.PENDING
+        self.unpin()
+        return RestorePhase.READY
 
     def wait(self, timeout: float) -> None:
         pass
 
     def cancel(self) -> None:
-        pass
+        self.unpin()
 
 
 class SimHostTier:
@@ -119,4 +123,5 @@ class SimHostTier:
         self.index.touch(hit.key)  # a hit re-stamps the state, as the real tier's load does
         self.restores_started += 1
         ready = self.clock() + fetched / RESTORE_BYTES_PER_S
-        return SimRestore(hit, first_chunk, kv_depth, ready, self.clock)
+        self.index.pin(hit.key, 1)
+        return SimRestore(hit, first_chunk, kv_depth, ready, self.clock, lambda: self.index.pin(hit.key, -1))

@@ -49,8 +49,9 @@ def test_a_restore_lands_after_its_fetched_bytes_at_the_restore_rate():
     fetched = (1000 - 512) * tier.token_bytes + tier.state_bytes  # chunks 0 and 1 shared from the GPU
     assert restore.ready_at == 10.0 + fetched / sim_host.RESTORE_BYTES_PER_S
     assert restore.poll() is RestorePhase.PENDING and restore.depth == 1000
+    assert tier.index.states[hit.key].pins == 1  # not evicted while it is read, as in the real tier
     clock.now = restore.ready_at
-    assert restore.poll() is RestorePhase.READY
+    assert restore.poll() is RestorePhase.READY and tier.index.states[hit.key].pins == 0
 
 
 def test_the_host_tier_serves_what_the_gpu_cache_evicted():
