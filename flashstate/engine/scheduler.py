@@ -8,8 +8,8 @@ Each step, in FIFO order of admission:
      is never skipped (FIFO fairness), and nothing is admitted in a step that preempted.
 Prefill chunks and decodes share one batch. With `long_prefill_token_threshold` T > 0 (vLLM's), a sequence
 with more than T tokens left computes at most T a step, so a long prefill leaves room for shorter ones.
-With `prefill_order` "arrivals-first", while anything waits the running prefills step aside in 1.: they take
-what budget the admissions leave (3.), so an arrival is never queued behind a long prefill, and that prefill
+With `prefill_order` "arrivals-first", while anything waits the running prefills step aside in 1. and take
+what budget the admissions of 2. leave, so an arrival is never queued behind a long prefill, and that prefill
 still fills the step (a prefill step's cost is mostly fixed: splitting it, as the threshold does, costs
 whole steps).
 A sequence whose admission starts a host-tier restore waits in `restoring` (holding its slot and blocks,

@@ -129,10 +129,10 @@ class ForwardMetadata:
         }
         starts = np.cumsum([0] + [-(-x.size // 2) * 2 for x in parts.values()])
         packed = np.zeros(int(starts[-1]), dtype=np.int64)
-        for start, part in zip(starts, parts.values(), strict=False):
+        for start, part in zip(starts[:-1], parts.values(), strict=True):
             packed[start : start + part.size] = part
         flat = upload(packed, torch.int64, device)
-        views = {name: flat[a : a + x.size] for (name, x), a in zip(parts.items(), starts, strict=False)}
+        views = {name: flat[a : a + x.size] for (name, x), a in zip(parts.items(), starts[:-1], strict=True)}
         views["block_tables"] = views["block_tables"].view(table.shape)
         views["has_initial_state"] = views["has_initial_state"].bool()
         return cls(
