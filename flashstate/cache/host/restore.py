@@ -8,18 +8,21 @@ at once) and the sequence continues from the host depth.
 Phases: FETCHING (the future is pending) → READY (copies issued); or FAILED (an object missing or corrupt,
 or the store unreachable): nothing was copied, the sequence starts over. The fetched objects stay referenced
 until their copies have landed, and their state pinned against eviction from the start of the fetch
-(`HostTier.hold_until_landed`).
+(`Landing`).
 The sequence owns `blocks` and `slot` throughout; `cancel` (an abort before READY) drops the fetch.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import torch
+
     from flashstate.cache.host.index import HostHit
     from flashstate.cache.host.tier import HostTier
 
@@ -59,7 +62,7 @@ class HostRestore:
         event = self.tier.load(self.hit, objects, self.blocks, self.slot, self.first_chunk)
         if event is not None:
             event.wait()  # the current stream
-        self.tier.hold_until_landed(self.hit, event, objects)
+        self.tier.landing.hold(self.hit, event, objects)
         return RestorePhase.READY
 
     def wait(self, timeout: float) -> None:
@@ -80,3 +83,35 @@ def wait_any(restores: list[HostRestore], timeout: float) -> None:
         copied[0].wait(timeout)
     elif restores:
         wait([r.future for r in restores], timeout, FIRST_COMPLETED)
+
+
+class Landing:
+    """Restores whose copies are in flight (CUDA): their fetched objects (staging ranges among them) stay
+    referenced, and their states pinned in the index, until the copies have landed."""
+
+    def __init__(self, unpin: Callable[[HostHit], None]):
+        self._unpin = unpin
+        self._flying: list[tuple[torch.cuda.Event, HostHit, list[list[torch.Tensor]]]] = []
+
+    def hold(self, hit: HostHit, event: torch.cuda.Event | None, objects: list[list[torch.Tensor]]) -> None:
+        """`event` marks when the copies out of `objects` have landed (None: they already have)."""
+        if event is None:
+            self._unpin(hit)
+        else:
+            self._flying.append((event, hit, objects))
+
+    def prune(self) -> None:
+        """Let go of the restores whose copies have landed (engine thread)."""
+        flying, self._flying = self._flying, []
+        for event, hit, objects in flying:
+            if event.query():
+                self._unpin(hit)
+            else:
+                self._flying.append((event, hit, objects))
+
+    def drain(self) -> None:
+        """Wait for every copy in flight and let go of all (shutdown)."""
+        for event, hit, _ in self._flying:
+            event.synchronize()
+            self._unpin(hit)
+        self._flying.clear()

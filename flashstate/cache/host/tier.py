@@ -39,7 +39,7 @@ from flashstate.cache.host.arena import HostArena
 from flashstate.cache.host.codec import ObjectBuilder, object_size, verify, views
 from flashstate.cache.host.index import HostHit, HostIndex
 from flashstate.cache.host.layout import HostLayout
-from flashstate.cache.host.restore import HostRestore
+from flashstate.cache.host.restore import HostRestore, Landing
 from flashstate.cache.host.stats import HostTierStats, engine_call
 from flashstate.cache.host.store import HostStore, StoreUnavailableError
 from flashstate.cache.host.transfer import StateTransfer
@@ -96,7 +96,7 @@ class HostTier:
             retry_seconds,
         )
         self._fetcher = ThreadPoolExecutor(4, thread_name_prefix="flashstate-host-fetch")
-        self._landing: list[tuple[torch.cuda.Event, HostHit, list[list[torch.Tensor]]]] = []
+        self.landing = Landing(self.unpin)
         self._fetches: set[Future] = set()
 
     @property
@@ -137,7 +137,7 @@ class HostTier:
         if not self.available:
             self.stats.writes_skipped += 1
             return
-        self._landed()  # restores whose copies have landed no longer pin their states against eviction
+        self.landing.prune()  # restores whose copies have landed no longer pin their states against eviction
         c, b = self.layout.chunk_tokens, self.block_size
         with self._lock:
             last, key, chunk_keys = self.layout.keys(tokens, depth, chain)
@@ -234,7 +234,7 @@ class HostTier:
     ) -> HostRestore:
         """Fetch `hit` from chunk `first_chunk` on in the background; the restore copies into `blocks`
         (the whole table: ceil(depth / B) blocks) and `slot` once the engine polls it ready."""
-        self._landed()
+        self.landing.prune()
         with self._lock:
             self.index.pin(hit.key, 1)  # its objects' bytes must stay put until the copies have landed
         future = self._fetcher.submit(self._fetch_in_background, hit, first_chunk)
@@ -244,28 +244,10 @@ class HostTier:
         future.add_done_callback(self._fetches.discard)
         return restore
 
-    def hold_until_landed(
-        self, hit: HostHit, event: torch.cuda.Event | None, objects: list[list[torch.Tensor]]
-    ) -> None:
-        """Keep a restore's fetched objects (staging ranges among them), and its state pinned in the index,
-        until its copies have landed (`event`; None: they already have)."""
-        if event is None:
-            self.unpin(hit)
-        else:
-            self._landing.append((event, hit, objects))
-
     def unpin(self, hit: HostHit) -> None:
         """A restore is done reading `hit`'s objects: its state may be evicted again."""
         with self._lock:
             self.index.pin(hit.key, -1)
-
-    def _landed(self) -> None:
-        landing, self._landing = self._landing, []
-        for event, hit, objects in landing:
-            if event.query():
-                self.unpin(hit)
-            else:
-                self._landing.append((event, hit, objects))
 
     def _fetch_in_background(self, hit: HostHit, first_chunk: int) -> list[list[torch.Tensor]] | None:
         try:
@@ -410,9 +392,7 @@ class HostTier:
 
     def close(self) -> None:
         self._fetcher.shutdown(wait=True, cancel_futures=True)
-        for event, _, _ in self._landing:
-            event.synchronize()
-        self._landing.clear()
+        self.landing.drain()
         self._writer.close()
         self.store.close()
         if self._staging is not None:
