@@ -303,7 +303,6 @@ class CacheManager:
             self.release(seq, commit=False)
             return False
         restore, seq.restore = seq.restore, None
-        seq.stats.fetched_time = restore.fetched_at
         seq.num_computed_tokens = restore.depth
         hit = Match(self.tree.root, restore.depth, restore.kv_depth)
         seq.export_plan = self.policy.plan_exports(seq, hit)

@@ -196,12 +196,13 @@ class Scheduler:
 
     def _poll_restores(self) -> None:
         for seq in list(self.restoring):
+            restore = seq.restore
             done = self.cache.poll_restore(seq)
             if done is None:
                 continue
             self.restoring.remove(seq)
             if done:
-                seq.stats.running_time = self.cache.clock()
+                seq.stats.fetched_time, seq.stats.running_time = restore.fetched_at, self.cache.clock()
                 self.cache.record_admission(seq)
                 seq.status = SequenceStatus.RUNNING
                 self.running.append(seq)
