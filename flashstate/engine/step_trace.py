@@ -38,6 +38,20 @@ def step_shape(seqs: list[Sequence], counts: list[int], computed: bool) -> tuple
     return tokens, prefills, decodes, pairs, context
 
 
+def request_row(seq: Sequence, origin: float) -> dict:
+    """A finished request's line: its times (seconds from `origin`) from arrival to its end, and sizes."""
+    s = seq.stats
+    times = (s.arrival_time, s.admitted_time, s.fetched_time, s.running_time, s.first_scheduled_time,
+             s.first_token_time, s.finished_time)  # fmt: skip
+    names = ("arrival", "admitted", "fetched", "running", "first_scheduled", "first_token", "finished")
+    row = {"request": seq.request_id}
+    row.update((k, None if t is None else round(t - origin, 6)) for k, t in zip(names, times, strict=True))
+    row.update(
+        prompt_tokens=s.num_prompt_tokens, cached_tokens=s.num_cached_tokens, preemptions=s.num_preemptions
+    )
+    return row
+
+
 class StepTrace:
     def __init__(self, path: str):
         try:
@@ -83,20 +97,7 @@ class StepTrace:
         self._file.write(json.dumps(row) + "\n")
 
     def record_request(self, seq: Sequence) -> None:
-        s = seq.stats
-        times = (s.arrival_time, s.admitted_time, s.fetched_time, s.running_time, s.first_scheduled_time,
-                 s.first_token_time, s.finished_time)  # fmt: skip
-        names = ("arrival", "admitted", "fetched", "running", "first_scheduled", "first_token", "finished")
-        row = {"request": seq.request_id}
-        row.update(
-            (k, None if t is None else round(t - self._origin, 6)) for k, t in zip(names, times, strict=True)
-        )
-        row.update(
-            prompt_tokens=s.num_prompt_tokens,
-            cached_tokens=s.num_cached_tokens,
-            preemptions=s.num_preemptions,
-        )
-        self._file.write(json.dumps(row) + "\n")
+        self._file.write(json.dumps(request_row(seq, self._origin)) + "\n")
 
     def close(self) -> None:
         self._file.close()

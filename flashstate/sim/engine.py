@@ -29,7 +29,7 @@ from flashstate.cache.state_pool import StatePool
 from flashstate.config import EngineConfig
 from flashstate.engine.scheduler import ScheduledBatch, Scheduler
 from flashstate.engine.sequence import RequestStats, Sequence
-from flashstate.engine.step_trace import step_shape
+from flashstate.engine.step_trace import request_row, step_shape
 from flashstate.models.spec import DTYPES, ModelSpec
 from flashstate.sampling_params import SamplingParams
 from flashstate.sim.host import SimHostTier
@@ -119,8 +119,9 @@ class SimEngine:
         self.decode_runs = True  # start_decode_run may fold pure decode steps (off: step by step)
         self.steps = 0
         self.busy_seconds = 0.0
-        # `--step-trace`'s fields, in the order of bench.step_summary.STEP_FIELDS
+        # `--step-trace`'s fields, in the order of bench.step_summary.STEP_FIELDS, and its request lines
         self.step_rows: list[tuple[float, float, int, int, int, int, int, int, int]] = []
+        self.request_rows: list[dict] = []
 
     def add(
         self,
@@ -259,6 +260,7 @@ class SimEngine:
             if len(seq.token_ids) - seq.num_prompt_tokens >= seq.params.max_tokens:
                 self.scheduler.finish(seq, "length")
                 stats.finished_time = now
+                self.request_rows.append(request_row(seq, 0.0))
                 done.append(self._requests.pop(id(seq)))
         for req in done:
             if req.on_finish is not None:

@@ -42,6 +42,8 @@ def test_simulate_writes_bench_results(tmp_path, capsys):
         steps = sim["steps"]  # the same summary `bench compare` makes of a server's step trace
         assert steps["steps"] == sim["engine_steps"] and steps["prefill_steps"] > 0
         assert 0 < steps["busy_fraction"] <= 1
+        parts = steps["ttft_parts"]  # as `bench compare` summarises a server's request lines
+        assert parts["requests"] > 0 and parts["queued"]["mean"] >= 0 and parts["to_first_step"]["p50"] > 0
         assert doc["summary"]["requests"] > 0 and doc["requests"]
         results[policy] = doc
     aligned = json.loads((out / "result-aligned.json").read_text())
