@@ -19,7 +19,11 @@ def summarize_steps(path: Path) -> dict[str, Any] | None:
     """Summary of a step trace file; None when it is missing or has no steps."""
     if not path.exists():
         return None
-    steps, requests = read_trace(path)
+    return summarize(*read_trace(path))
+
+
+def summarize(steps: list[dict[str, Any]], requests: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """`summarize_rows` of the step rows, with where TTFT went (`ttft_parts` of the request rows)."""
     summary = summarize_rows(steps)
     if summary is not None:
         summary["ttft_parts"] = ttft_parts(requests)

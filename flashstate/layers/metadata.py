@@ -39,7 +39,9 @@ class ForwardMetadata:
     export_token_ids: Tensor  # [E] int64, flat token index; the state after that token
     export_slots: Tensor  # [E] int64
     query_lens_cpu: list[int]  # host copy, for the decode check and reference ops
-    context_lens_cpu: list[int] | None = None  # host copy (None: not kept, as in the decode graphs' inputs)
+    # (the shortest span, whether every span is a whole prompt), read on the host: what the attention ops
+    # choose their kernel by without reading device tensors. None: not known (the decode graphs' inputs).
+    spans: tuple[int, bool] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -49,15 +51,6 @@ class ForwardMetadata:
     def is_decode(self) -> bool:
         """Every sequence contributes exactly one token."""
         return all(n == 1 for n in self.query_lens_cpu)
-
-    @property
-    def spans(self) -> tuple[int, bool] | None:
-        """(the shortest span, whether every span is a whole prompt), read on the host: what the attention
-        ops choose their kernel by without reading device tensors. None without host context lengths."""
-        if self.context_lens_cpu is None or not self.query_lens_cpu:
-            return None
-        whole = all(q == c for q, c in zip(self.query_lens_cpu, self.context_lens_cpu, strict=True))
-        return min(self.query_lens_cpu), whole
 
     @property
     def num_exports(self) -> int:
@@ -139,5 +132,5 @@ class ForwardMetadata:
             **views,
             block_size=block_size,
             query_lens_cpu=list(query_lens),
-            context_lens_cpu=list(context_lens),
+            spans=(int(q.min()), bool((q == c).all())) if n else None,
         )

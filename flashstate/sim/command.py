@@ -25,7 +25,7 @@ from flashstate.bench.command import (
 from flashstate.bench.config import ReplayConfig
 from flashstate.bench.replay import SessionSource
 from flashstate.bench.report import build_result
-from flashstate.bench.step_summary import STEP_FIELDS, summarize_rows, ttft_parts
+from flashstate.bench.step_summary import STEP_FIELDS, summarize
 from flashstate.config import EngineConfig
 from flashstate.sim.engine import SimEngine, model_spec
 from flashstate.sim.events import EventLoop
@@ -85,19 +85,13 @@ def simulate(
         "engines": len(engines),
         "engine_steps": sum(e.steps for e in engines),
         "engine_busy_s": sum(e.busy_seconds for e in engines),
-        "steps": _steps(engines[0]),
+        "steps": summarize(
+            [dict(zip(STEP_FIELDS, r, strict=True)) for r in engines[0].step_rows], engines[0].request_rows
+        ),
         "cpu_s": time.process_time() - t0,
         "cache_stats": [_stats(e) for e in engines],
     }
     return run, facts
-
-
-def _steps(engine: SimEngine) -> dict[str, Any] | None:
-    """The first engine's steps summarised as a server's step trace is, with where TTFT went."""
-    summary = summarize_rows([dict(zip(STEP_FIELDS, r, strict=True)) for r in engine.step_rows])
-    if summary is not None:
-        summary["ttft_parts"] = ttft_parts(engine.request_rows)
-    return summary
 
 
 def _stats(engine: SimEngine) -> dict[str, Any]:

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 
 import torch
 
@@ -32,6 +33,12 @@ RESTORE_BYTES_PER_S = 3.5e9
 WRITE_BYTES_PER_S = 2.06e9
 
 
+def _done() -> Future:
+    future: Future = Future()
+    future.set_result(None)
+    return future
+
+
 @dataclass(eq=False, slots=True)
 class SimRestore:
     """A restore in flight: ready at `ready_at` on the simulation clock (never fails: the store is local)."""
@@ -42,7 +49,8 @@ class SimRestore:
     ready_at: float
     clock: Callable[[], float]
     unpin: Callable[[], None]  # the real tier's pin: the state is not evicted while it is read
-    copied: bool = True  # `wait_any` then calls `wait`, which has nothing to wait for in simulated time
+    # done: `wait_any` returns at once, as nothing is waited for in simulated time
+    future: Future = field(default_factory=_done)
     fetched_at: float | None = None  # not modelled apart from the copies
 
     @property
@@ -54,9 +62,6 @@ class SimRestore:
             return RestorePhase.PENDING
         self.unpin()
         return RestorePhase.READY
-
-    def wait(self, timeout: float) -> None:
-        pass
 
     def cancel(self) -> None:
         self.unpin()

@@ -42,7 +42,6 @@ class HostRestore:
     blocks: list[int]  # the sequence's block table: ceil(hit.depth / B) blocks
     slot: int
     future: Future
-    copied: bool = False  # the copies are issued (the restore is READY)
     fetched_at: float | None = None  # time.monotonic() when the fetch finished (the fetch thread sets it)
 
     @property
@@ -58,16 +57,11 @@ class HostRestore:
         if objects is None:
             self.tier.unpin(self.hit)
             return RestorePhase.FAILED
-        self.copied = True
         event = self.tier.load(self.hit, objects, self.blocks, self.slot, self.first_chunk)
         if event is not None:
             event.wait()  # the current stream
         self.tier.landing.hold(self.hit, event, objects)
         return RestorePhase.READY
-
-    def wait(self, timeout: float) -> None:
-        """Block until the fetch may have finished (at most `timeout` seconds)."""
-        wait([self.future], timeout)
 
     def cancel(self) -> None:
         """The sequence is aborted before its copies were issued: a fetch already running finishes on its
@@ -78,10 +72,7 @@ class HostRestore:
 
 def wait_any(restores: list[HostRestore], timeout: float) -> None:
     """Block until one of `restores` may be ready (the engine has nothing else to run)."""
-    copied = [r for r in restores if r.copied]  # the simulator's restores wait in their own time
-    if copied:
-        copied[0].wait(timeout)
-    elif restores:
+    if restores:
         wait([r.future for r in restores], timeout, FIRST_COMPLETED)
 
 
