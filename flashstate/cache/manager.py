@@ -335,27 +335,12 @@ class CacheManager:
         self._update_gauges()
 
     def _key(self, node: Node, now: float) -> tuple[bool, float]:
-        # Only GDS prices a unit by its bytes: LRU never needs the (costly) count of exclusive blocks.
-        gds = self.policy.eviction == "gds"
-        return self.policy.key(node, self.tree.exclusive_blocks(node) if gds and node.is_leaf else 0, now)
+        return self.policy.unit_key(self.tree, node, now)
 
     def _victim(self, kind: str, exclude: Node | None = None) -> Node | None:
-        """The unit to evict first: for "kv", among leaves (their chain's blocks go); for "state", among
-        checkpoints (their slot goes); for "unit", among both (what the shared budget frees either way).
-        Locked nodes never."""
-        now = self.clock()
-        best, best_key = None, None
-        for node in self.tree.nodes():
-            if kind == "unit":
-                wrong = not node.is_leaf and node.slot is None
-            else:
-                wrong = not node.is_leaf if kind == "kv" else node.slot is None
-            if wrong or node.lock or node is exclude:
-                continue
-            key = self._key(node, now)
-            if best_key is None or key < best_key:
-                best, best_key = node, key
-        return best
+        if self.policy is None:  # prefix caching off: the tree holds nothing
+            return None
+        return self.policy.victim(self.tree, kind, self.clock(), exclude)
 
     def _evict(self, node: Node, reason: str) -> None:
         self.policy.on_evict(node, self.tree.exclusive_blocks(node) if node.is_leaf else 0)

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from flashstate.cache.cost import PrefillCost
-from flashstate.cache.tree import Match, Node
+from flashstate.cache.tree import Match, Node, RadixTree
 from flashstate.config import EngineConfig
 from flashstate.engine.cache_tensors import kv_bytes_per_block, state_bytes_per_slot
 from flashstate.engine.sequence import Sequence
@@ -101,6 +101,29 @@ class Policy:
         else:
             rank = node.last_access
         return (self.protected(node, now), rank)
+
+    def unit_key(self, tree: RadixTree, node: Node, now: float) -> tuple[bool, float]:
+        """`key` of the unit at `node`. Only GDS prices a unit by its bytes: LRU never needs the (costly)
+        count of exclusive blocks."""
+        exclusive = tree.exclusive_blocks(node) if self.eviction == "gds" and node.is_leaf else 0
+        return self.key(node, exclusive, now)
+
+    def victim(self, tree: RadixTree, kind: str, now: float, exclude: Node | None = None) -> Node | None:
+        """The unit to evict first: for "kv", among leaves (their chain's blocks go); for "state", among
+        checkpoints (their slot goes); for "unit", among both (what the shared budget frees either way).
+        Locked nodes never."""
+        best, best_key = None, None
+        for node in tree.nodes():
+            if kind == "unit":
+                wrong = not node.is_leaf and node.slot is None
+            else:
+                wrong = not node.is_leaf if kind == "kv" else node.slot is None
+            if wrong or node.lock or node is exclude:
+                continue
+            key = self.unit_key(tree, node, now)
+            if best_key is None or key < best_key:
+                best, best_key = node, key
+        return best
 
     def stamp(self, node: Node, now: float) -> None:
         """On insert and on every hit."""
