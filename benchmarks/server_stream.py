@@ -73,8 +73,9 @@ def prompts(args: argparse.Namespace) -> list[list[int]]:
 
 def arrivals(args: argparse.Namespace) -> list[tuple[float, list[int]]]:
     """(seconds after the start, prompt) of each short arrival."""
+    tokens = range(args.arrival_tokens)
     return [
-        ((i + 1) * args.arrival_gap, [50 + (11 * i + 3 * j) % 1900 for j in range(args.arrival_tokens)])
+        (args.arrival_start + i * args.arrival_gap, [50 + (11 * i + 3 * j) % 1900 for j in tokens])
         for i in range(args.arrivals)
     ]
 
@@ -108,6 +109,7 @@ def decode_steps(trace: str) -> dict:
         **{k: summary[k] for k in ("decode_steps", "decode_step_ms_mean", "decode_batch_mean")},
         "prefill_steps": len(mixed),
         "prefill_step_ms_mean": float(np.mean(mixed)) if mixed else None,
+        "prefill_step_ms_median": float(np.median(mixed)) if mixed else None,
         "per_seq_ms": float(fit[0]),
         "base_ms": float(fit[1]),
     }
@@ -228,9 +230,15 @@ def main() -> None:
     p.add_argument("--arrivals", type=int, default=0, help="short requests sent while the streams decode")
     p.add_argument("--arrival-tokens", type=int, default=128)
     p.add_argument("--arrival-gap", type=float, default=0.25, help="seconds between arrivals")
+    p.add_argument(
+        "--arrival-start",
+        type=float,
+        default=0.25,
+        help="seconds before the first arrival (let the streams decode)",
+    )
     p.add_argument("--out", help="write the rows as JSON here")
     args = p.parse_args()
-    warm = {"streams": 2, "tokens": 8, "arrivals": 1, "arrival_gap": 0}
+    warm = {"streams": 2, "tokens": 8, "arrivals": 1, "arrival_gap": 0, "arrival_start": 0}
     direct(argparse.Namespace(**{**vars(args), **warm}))  # warm-up: lazy set-up, compiles
     rows = {"direct (main thread)": direct(args)}
     # each threaded mode in a fresh process whose main thread never ran torch ops, as in `flashstate serve`
@@ -240,13 +248,14 @@ def main() -> None:
     print(f"\n{args.preset or 'stub'} on {args.device}: {args.streams} streams × {args.tokens} tokens, "
           f"prompts of {args.prompt_tokens}")  # fmt: skip
     print("| mode | wall s | decode steps | ms / decode step | mean batch | per seq ms | base ms "
-          "| prefill steps | ms / prefill step | chunks |")  # fmt: skip
+          "| prefill steps | ms / prefill step (mean, median) | chunks |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|")
     for mode, r in rows.items():
-        prefill_ms = r["prefill_step_ms_mean"]
+        mean, median = r["prefill_step_ms_mean"], r["prefill_step_ms_median"]
+        prefill_ms = mean and f"{mean:.2f}, {median:.2f}"
         print(f"| {mode} | {r['wall_s']:.2f} | {r['decode_steps']} | {r['decode_step_ms_mean']:.2f} "
               f"| {r['decode_batch_mean']:.1f} | {r['per_seq_ms']:.3f} | {r['base_ms']:.2f} "
-              f"| {r['prefill_steps']} | {'–' if prefill_ms is None else f'{prefill_ms:.2f}'} "
+              f"| {r['prefill_steps']} | {prefill_ms or '–'} "
               f"| {r.get('chunks', '–')} |")  # fmt: skip
     if args.out:
         Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
