@@ -18,6 +18,7 @@ from flashstate.engine.outputs import RequestOutput
 from flashstate.engine.request_state import RequestState
 from flashstate.engine.stack_sampler import ENV as STACK_SAMPLE_ENV
 from flashstate.engine.stack_sampler import StackSampler
+from flashstate.engine.thread_cpu import describe, thread_cpu_seconds
 from flashstate.sampling_params import SamplingParams
 
 logger = logging.getLogger("flashstate")
@@ -134,6 +135,8 @@ class AsyncEngine:
         return len(self._inbox) + len(self.engine.scheduler.waiting)
 
     def shutdown(self) -> None:
+        if not self._stopped and self._thread.is_alive():
+            logger.info("threads' CPU seconds: %s", describe(thread_cpu_seconds()))
         self._stopped = True
         self._wake.set()
         self._thread.join(timeout=10)
