@@ -13,6 +13,8 @@ For sequence i:
                            has_initial_state[i] is False), overwritten with the state after it
     exports              = for each e: the state right after flat token export_token_ids[e],
                            written into state pool slot export_slots[e] (in the same pass)
+    chunk_indices        = (sequence, chunk within it) of each FLA_CHUNK-token chunk of the spans, in
+                           FLA's layout: built on the host, so no chunked kernel reads the lengths back
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import torch
 from torch import Tensor
 
 from flashstate.device import upload
+
+FLA_CHUNK = 64  # the chunk length of flash-linear-attention's chunked passes
 
 
 @dataclass(slots=True)
@@ -42,6 +46,7 @@ class ForwardMetadata:
     # (the shortest span, whether every span is a whole prompt), read on the host: what the attention ops
     # choose their kernel by without reading device tensors. None: not known (the decode graphs' inputs).
     spans: tuple[int, bool] | None = None
+    chunk_indices: Tensor | None = None  # [C, 2] int64; None for a pure decode batch (no chunked pass)
 
     @property
     def num_tokens(self) -> int:
@@ -100,6 +105,10 @@ class ForwardMetadata:
         owner = np.repeat(np.arange(n), q)  # the sequence of each flat token
         positions = np.arange(int(cu[-1]), dtype=np.int64) - cu[owner] + (c - q)[owner]
         slots = table[owner, positions // block_size] * block_size + positions % block_size
+        chunks = -(-q // FLA_CHUNK)
+        chunk_seq = np.repeat(np.arange(n), chunks)
+        first = np.cumsum(chunks) - chunks  # each sequence's first chunk
+        chunk_pos = np.arange(int(chunks.sum()), dtype=np.int64) - np.repeat(first, chunks)
         export_ids, export_slots = [], []
         for seq, count, slot in exports or []:
             if not 1 <= count <= query_lens[seq]:
@@ -120,6 +129,9 @@ class ForwardMetadata:
             "export_token_ids": np.asarray(export_ids, dtype=np.int64),
             "export_slots": np.asarray(export_slots, dtype=np.int64),
         }
+        decode = n > 0 and bool((q == 1).all())
+        if not decode:
+            parts["chunk_indices"] = np.stack([chunk_seq, chunk_pos], 1).reshape(-1)
         starts = np.cumsum([0] + [-(-x.size // 2) * 2 for x in parts.values()])
         packed = np.zeros(int(starts[-1]), dtype=np.int64)
         for start, part in zip(starts[:-1], parts.values(), strict=True):
@@ -128,6 +140,8 @@ class ForwardMetadata:
         views = {name: flat[a : a + x.size] for (name, x), a in zip(parts.items(), starts[:-1], strict=True)}
         views["block_tables"] = views["block_tables"].view(table.shape)
         views["has_initial_state"] = views["has_initial_state"].bool()
+        if not decode:
+            views["chunk_indices"] = views["chunk_indices"].view(-1, 2)
         return cls(
             **views,
             block_size=block_size,

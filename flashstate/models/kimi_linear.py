@@ -154,12 +154,16 @@ class KimiDeltaAttention(LinearMixer):
         )
         q, k, v = (y.reshape(1, t, h, d) for y in mixed.split(h * d, dim=-1))
         beta = torch.sigmoid(self.b_proj(x)).unsqueeze(0)
-        kda = fused_recurrent_kda if meta.is_decode else chunk_kda
-        o, ssm_exported = kda(
-            q, k, v, self.decay(x).unsqueeze(0), beta, state_pool=self.ssm_state,
-            state_indices=meta.state_slots, has_initial_state=meta.has_initial_state,
-            cu_seqlens=meta.cu_seqlens, export_token_ids=meta.export_token_ids, use_qk_l2norm_in_kernel=True,
+        pooled = dict(
+            state_pool=self.ssm_state, state_indices=meta.state_slots,
+            has_initial_state=meta.has_initial_state, cu_seqlens=meta.cu_seqlens,
+            export_token_ids=meta.export_token_ids, use_qk_l2norm_in_kernel=True,
         )
+        args = (q, k, v, self.decay(x).unsqueeze(0), beta)
+        if meta.is_decode:
+            o, ssm_exported = fused_recurrent_kda(*args, **pooled)
+        else:
+            o, ssm_exported = chunk_kda(*args, **pooled, chunk_indices=meta.chunk_indices)
         self.write_exports(meta, conv_exported, ssm_exported)
         gate = self.g_b_proj(self.g_a_proj(x)).view(t, h, d)
         return self.o_proj(self.o_norm(o[0], gate).reshape(t, h * d))

@@ -121,7 +121,9 @@ class Mamba2Mixer(LinearMixer):
         if meta.is_decode:
             y, ssm_exported = fused_recurrent_ssd(*args, **kwargs)
         else:
-            y, ssm_exported = chunk_ssd(*args, **kwargs, chunk_size=self.lin.chunk_size)
+            y, ssm_exported = chunk_ssd(
+                *args, **kwargs, chunk_indices=meta.chunk_indices, chunk_size=self.lin.chunk_size
+            )
         self.write_exports(meta, conv_exported, ssm_exported)
         y = self.norm(y.view(t, self.inner), z)
         return self.out_proj(y.to(h.dtype))

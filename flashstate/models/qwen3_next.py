@@ -207,8 +207,9 @@ class Qwen3NextGatedDeltaNet(StackedLinears, LinearMixer):
         else:
             g, beta = gdn_gating(a, b, self.A_log, self.dt_bias)
             o, ssm_exported = chunk_gated_delta_rule(
-                *qkv, g[None], beta[None], cu_seqlens=meta.cu_seqlens, chunk_size=self.chunk_size, **pooled
-            )
+                *qkv, g[None], beta[None], cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices,
+                chunk_size=self.chunk_size, **pooled,
+            )  # fmt: skip
         self.write_exports(meta, conv_exported, ssm_exported)
         o = self.norm(o.view(t, self.nv, self.dv), z.view(t, self.nv, self.dv))
         return self.out_proj(o.reshape(t, -1))

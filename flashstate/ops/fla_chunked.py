@@ -9,10 +9,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from flashstate.layers.metadata import FLA_CHUNK
 from flashstate.ops.pooled import gather_states, scatter_states
 from flashstate.ops.pooled_triton import states_at_exports_fused
-
-FLA_CHUNK = 64
 
 
 def varlen_setup(
@@ -21,15 +20,18 @@ def varlen_setup(
     state_pool: Tensor,
     state_indices: Tensor,
     has_initial_state: Tensor,
+    chunk_indices: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """→ (cu_seqlens as int64 on the decay's device, FLA's chunk indices, the chunk-local cumulative decay
-    in log2 units, the initial states [N, ...] from the pool, zeros where there is none)."""
+    in log2 units, the initial states [N, ...] from the pool, zeros where there is none).
+    `chunk_indices`: the metadata's (built on the host); without them FLA derives them from the lengths,
+    reading them back from the device (a sync)."""
     from fla.ops.utils import chunk_local_cumsum
     from fla.ops.utils.constant import RCP_LN2
     from fla.ops.utils.index import prepare_chunk_indices
 
     cu = cu_seqlens.to(device=log_decay.device, dtype=torch.long)
-    chunks = prepare_chunk_indices(cu, FLA_CHUNK)
+    chunks = prepare_chunk_indices(cu, FLA_CHUNK) if chunk_indices is None else chunk_indices
     g_cum = chunk_local_cumsum(
         log_decay.float().contiguous(),
         chunk_size=FLA_CHUNK,

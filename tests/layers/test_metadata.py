@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from flashstate.layers.metadata import ForwardMetadata
+from flashstate.layers.metadata import FLA_CHUNK, ForwardMetadata
 
 
 def test_positions_and_slots_follow_block_tables():
@@ -55,3 +55,16 @@ def test_a_batch_without_exports_has_empty_export_fields():
 def test_bad_batches_are_refused(kw, message):
     with pytest.raises(ValueError, match=message):
         ForwardMetadata.build(block_size=16, state_slots=[0], **kw)
+
+
+def test_chunk_indices_list_each_sequences_64_token_chunks_in_order():
+    """FLA's layout, built on the host: (sequence, chunk within it) for every 64-token chunk of each span."""
+    meta = ForwardMetadata.build([1, 130, 64, 65], [5, 130, 64, 65], [[0], [1] * 9, [2] * 4, [3] * 5], 16,
+                                 [0, 1, 2, 3])  # fmt: skip
+    expected = [(i, c) for i, q in enumerate([1, 130, 64, 65]) for c in range(-(-q // FLA_CHUNK))]
+    assert [tuple(r) for r in meta.chunk_indices.tolist()] == expected
+    assert meta.chunk_indices.dtype == torch.int64 and meta.chunk_indices.is_contiguous()
+
+
+def test_a_decode_batch_has_no_chunk_indices():
+    assert ForwardMetadata.build([1, 1], [4, 9], [[0], [1]], 16, [0, 1]).chunk_indices is None

@@ -263,9 +263,24 @@ def _merge_splits_kernel(
     tl.store(o_ptrs, (acc / total).to(out.dtype.element_ty), mask=dv < DV)
 
 
+_last_tiles: tuple | None = None  # (cu, tokens_per_tile, max_tiles, tiles): for the step's other layers
+
+
 def _tiles(cu: Tensor, tokens_per_tile: int, max_tiles: int) -> tuple[Tensor, Tensor]:
     """Flat tile list: tile p covers tokens [tile_tok[p], + tokens_per_tile) of sequence tile_seq[p]
-    (−1 past the last tile). Sync-free: `max_tiles` bounds the count from shapes alone."""
+    (−1 past the last tile). Sync-free: `max_tiles` bounds the count from shapes alone. Every attention
+    layer of a step passes the same `cu` tensor (the metadata's, never written in place), so the list is
+    built once per step: the last one is kept, keyed by that tensor's identity."""
+    global _last_tiles
+    last = _last_tiles
+    if last is not None and last[0] is cu and last[1:3] == (tokens_per_tile, max_tiles):
+        return last[3]
+    tiles = _build_tiles(cu, tokens_per_tile, max_tiles)
+    _last_tiles = (cu, tokens_per_tile, max_tiles, tiles)
+    return tiles
+
+
+def _build_tiles(cu: Tensor, tokens_per_tile: int, max_tiles: int) -> tuple[Tensor, Tensor]:
     per_seq = (cu[1:] - cu[:-1] + tokens_per_tile - 1) // tokens_per_tile
     offsets = torch.cat([per_seq.new_zeros(1), per_seq.cumsum(0)])
     p = torch.arange(max_tiles, device=cu.device)

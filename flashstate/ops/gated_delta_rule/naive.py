@@ -143,6 +143,7 @@ def chunk_gated_delta_rule(
     state_indices: Tensor,
     has_initial_state: Tensor,
     cu_seqlens: Tensor,
+    chunk_indices: Tensor | None = None,
     export_token_ids: Tensor | None = None,
     use_qk_l2norm_in_kernel: bool = False,
     chunk_size: int = 64,
@@ -156,6 +157,7 @@ def chunk_gated_delta_rule(
     flat token indices. Chunks of `chunk_size` restart at each sequence start.
     Returns o: [1, T, HV, V] (v's dtype) and the states right after each export token [E, HV, K, V].
     """
+    del chunk_indices  # the metadata's FLA chunk list: the oracle needs none
     return _run(_chunk_span, q, k, v, g, beta, scale, state_pool, state_indices, has_initial_state,
                 cu_seqlens, export_token_ids, use_qk_l2norm_in_kernel, chunk_size)
 

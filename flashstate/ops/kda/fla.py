@@ -26,6 +26,7 @@ def chunk_kda(
     state_indices: Tensor,
     has_initial_state: Tensor,
     cu_seqlens: Tensor,
+    chunk_indices: Tensor | None = None,
     export_token_ids: Tensor | None = None,
     use_qk_l2norm_in_kernel: bool = False,
     chunk_size: int = 64,
@@ -41,7 +42,9 @@ def chunk_kda(
         raise ValueError(f"varlen ops take a flat batch [1, T, ...], got batch {q.shape[0]}")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     q, k, v, beta = delta_rule_inputs(q, k, v, beta, use_qk_l2norm_in_kernel)
-    cu, chunks, g_cum, h0 = varlen_setup(g, cu_seqlens, state_pool, state_indices, has_initial_state)
+    cu, chunks, g_cum, h0 = varlen_setup(
+        g, cu_seqlens, state_pool, state_indices, has_initial_state, chunk_indices
+    )
     w, u, _, kg, a_qk, _ = chunk_kda_fwd_intra(
         q=q,
         k=k,

@@ -32,6 +32,7 @@ def chunk_ssd(
     state_indices: Tensor,
     has_initial_state: Tensor,
     cu_seqlens: Tensor,
+    chunk_indices: Tensor | None = None,
     export_token_ids: Tensor | None = None,
     chunk_size: int = 64,
 ) -> tuple[Tensor, Tensor]:
@@ -51,7 +52,7 @@ def chunk_ssd(
     k = B.repeat_interleave(heads // groups, dim=2).to(x.dtype)
     q = C.repeat_interleave(heads // groups, dim=2).to(x.dtype)
     cu, chunks, g_cum, h0 = varlen_setup(
-        delta * A.float(), cu_seqlens, state_pool, state_indices, has_initial_state
+        delta * A.float(), cu_seqlens, state_pool, state_indices, has_initial_state, chunk_indices
     )
     h, final = chunk_fwd_h(
         k=k,

@@ -117,3 +117,42 @@ def test_ssd_matches_oracle(batch, form):
         *inputs, dt_bias=bias, dt_limit=(0.0, 4.0), state_pool=pc, **_meta(*batch, "cpu")
     )
     assert rel(yg, yc) < 1e-2 and rel(pg, pc) < 5e-3 and rel(eg, ec) < 5e-3
+
+
+def test_the_metadatas_chunk_indices_are_flas_and_change_no_result():
+    """ForwardMetadata builds FLA's chunk list on the host (no read-back of the lengths); each chunked op
+    given it computes exactly what it computes deriving the list itself."""
+    from fla.ops.utils.index import prepare_chunk_indices
+
+    from flashstate.layers.metadata import ForwardMetadata
+
+    lens = PREFILL[0]
+    tables = [[0] * -(-n // 16) for n in lens]
+    built = ForwardMetadata.build(lens, lens, tables, 16, list(range(len(lens))), device="cuda")
+    chunks = built.chunk_indices
+    meta = _meta(*PREFILL, "cuda")
+    assert torch.equal(chunks, prepare_chunk_indices(meta["cu_seqlens"].long(), 64))
+    torch.manual_seed(3)
+    t = sum(lens)
+    gdn = [torch.randn(1, t, 2, 64), torch.randn(1, t, 2, 64), torch.randn(1, t, 4, 64)]
+    gdn = [x.to(BF16).cuda() for x in gdn] + [(F.logsigmoid(torch.randn(1, t, 4)) * 0.5).cuda(),
+                                               torch.rand(1, t, 4).to(BF16).cuda()]  # fmt: skip
+    kda_in = [torch.randn(1, t, 4, 64).to(BF16).cuda() for _ in range(3)]
+    kda_in += [(F.logsigmoid(torch.randn(1, t, 4, 64)) * 0.5).cuda(), torch.rand(1, t, 4).to(BF16).cuda()]
+    ssd_in = [torch.randn(1, t, 8, 32).to(BF16), torch.randn(1, t, 8).to(BF16) - 1.0, -torch.rand(8) * 4]
+    ssd_in += [torch.randn(1, t, 2, 64).to(BF16), torch.randn(1, t, 2, 64).to(BF16), torch.randn(8)]
+    ssd_in = [x.cuda() for x in ssd_in]
+    cases = [
+        (gated_delta_rule.chunk_gated_delta_rule, gdn, (4, 64, 64), dict(use_qk_l2norm_in_kernel=True)),
+        (kda.chunk_kda, kda_in, (4, 64, 64), dict(use_qk_l2norm_in_kernel=True)),
+        (ssd.chunk_ssd, ssd_in, (8, 32, 64), dict(dt_bias=torch.randn(8).cuda(), dt_limit=(0.0, 4.0))),
+    ]
+    for op, inputs, state, kw in cases:
+        pool = torch.randn(8, *state).cuda() * 0.1
+        runs = []
+        for given in (None, chunks):
+            p = pool.clone()
+            out, exported = op(*inputs, state_pool=p, **meta, chunk_indices=given, **kw)
+            runs.append((out, p, exported))
+        for a, b in zip(*runs, strict=True):
+            assert torch.equal(a, b), op.__name__
