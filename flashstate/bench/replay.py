@@ -40,6 +40,7 @@ from flashstate.bench.prompts import (
     to_messages,
 )
 from flashstate.bench.workloads import Session
+from flashstate.gc_pauses import GcPauses, for_serving
 
 
 class SessionSource:
@@ -93,6 +94,7 @@ class ReplayResult:
     server_before: dict[str, float] | None = None
     server_after: dict[str, float] | None = None
     cut_requests: int = 0  # still running after the drain: cancelled, not recorded
+    client_gc: str | None = None  # this process's garbage-collector pauses during the run (GcPauses)
 
 
 async def fetch_metrics(http: httpx.AsyncClient, base_url: str) -> dict[str, float] | None:
@@ -346,4 +348,13 @@ class Replay:
 def replay(config: ReplayConfig, sessions: list[Session] | Iterator[Session]) -> ReplayResult:
     """Run a replay to the end (blocking)."""
     source = SessionSource(sessions, config.seed, config.max_sessions)
-    return asyncio.run(Replay(config, source).run())
+    # a collection pauses the clock of every request in flight: the workload and the rest of the start-up
+    # are frozen out of the collector's walks (gc_pauses.py), and the pauses left are recorded
+    for_serving()
+    pauses = GcPauses().install()  # this run's alone
+    try:
+        result = asyncio.run(Replay(config, source).run())
+    finally:
+        pauses.uninstall()
+    result.client_gc = pauses.describe()
+    return result

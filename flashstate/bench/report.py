@@ -79,6 +79,7 @@ def build_result(
         "summary": summary,
         "cost": cost_view(run.requests, run.sessions, start, end, prices, cfg["num_gpus"]),
         "server_metrics": metrics,
+        "client_gc": run.client_gc,
         "timeline": {
             "bucket_s": bucket,
             "output_tokens": output_timeline(run.requests, run.wall_s, bucket),

@@ -19,6 +19,7 @@ from flashstate.engine.request_state import RequestState
 from flashstate.engine.stack_sampler import ENV as STACK_SAMPLE_ENV
 from flashstate.engine.stack_sampler import StackSampler
 from flashstate.engine.thread_cpu import describe, thread_cpu_seconds
+from flashstate.gc_pauses import serving_pauses
 from flashstate.sampling_params import SamplingParams
 
 logger = logging.getLogger("flashstate")
@@ -137,6 +138,8 @@ class AsyncEngine:
     def shutdown(self) -> None:
         if not self._stopped and self._thread.is_alive():
             logger.info("threads' CPU seconds: %s", describe(thread_cpu_seconds()))
+            if (pauses := serving_pauses()) is not None:
+                logger.info("garbage collector pauses: %s", pauses.describe())
         self._stopped = True
         self._wake.set()
         self._thread.join(timeout=10)

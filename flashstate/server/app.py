@@ -30,6 +30,7 @@ from pydantic import BaseModel, ValidationError
 from flashstate import __version__
 from flashstate.config import EngineConfig
 from flashstate.engine.async_engine import AsyncEngine
+from flashstate.gc_pauses import GEN0_THRESHOLD, for_serving
 from flashstate.server.errors import APIError, from_validation_error, install_handlers
 from flashstate.server.metrics import ServerMetrics
 from flashstate.server.protocol import ChatCompletionRequest, CompletionRequest, now
@@ -149,6 +150,10 @@ def serve(config: EngineConfig) -> None:
     sys.setswitchinterval(config.gil_switch_interval_ms / 1e3)
     logger.info("GIL switch interval %g ms", config.gil_switch_interval_ms)
     engine = AsyncEngine(config)
+    frozen = for_serving()
+    logger.info(
+        "garbage collector: %d start-up objects frozen, generation 0 threshold %d", frozen, GEN0_THRESHOLD
+    )
     app = build_app(engine, config)
     logger.info("serving %s on http://%s:%d", served_model_name(config), config.host, config.port)
     server = uvicorn.Server(

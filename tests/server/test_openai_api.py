@@ -1,6 +1,7 @@
 """The official `openai` client (sync and async) against `flashstate serve` on the embedded default model."""
 
 import asyncio
+import re
 
 import openai
 import pytest
@@ -36,6 +37,18 @@ def test_models_lists_the_served_model(client):
 def test_the_server_shortens_the_gil_switch_interval(server):
     """The event loop and host-tier threads wait at most 1 ms (not Python's 5) for the engine thread."""
     assert "GIL switch interval 1 ms" in server.log_tail(100_000)
+
+
+def test_the_server_freezes_its_start_up_for_the_collector_and_logs_threads_and_pauses_at_exit(tmp_path):
+    with running_server(tmp_path, ["--max-model-len", "2k"]) as s:
+        with s.client(timeout=60) as c:
+            c.completions.create(model=MODEL, prompt="def", max_tokens=3, **greedy())
+        started = s.log_tail(100_000)
+    frozen = r"garbage collector: \d{4,} start-up objects frozen, generation 0 threshold 50000"
+    assert re.search(frozen, started)
+    log = s.log_tail(100_000)  # after SIGTERM
+    assert re.search(r"threads' CPU seconds: .*flashstate-engine \d+\.\d s", log)
+    assert re.search(r"garbage collector pauses: gen0 \d+ × [\d.]+ ms \(longest", log)
 
 
 def test_health_version_and_metrics_need_no_key(server):

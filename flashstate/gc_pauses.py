@@ -1,0 +1,70 @@
+"""Python's cyclic garbage collector in a long-running process: its pauses, and a set-up keeping them short.
+
+A collection runs in whichever thread allocates past a threshold and holds the GIL throughout: a full
+(generation 2) collection walks every tracked container object, ~140 ms for the ~240k objects of a
+headline-sized simulator run, a stall for the engine's step or for a client's clock. `for_serving()`
+collects once, moves every object alive after start-up (the model, the workload) to the permanent
+generation, which collections never walk, and raises the young generation's threshold so fewer
+short-lived objects are promoted. `GcPauses` counts the collections and their time per generation."""
+
+from __future__ import annotations
+
+import gc
+import time
+
+GEN0_THRESHOLD = 50_000  # Python's default is 2,000 (3.13) or 700 (3.12 and before)
+
+
+def for_serving() -> int:
+    """Collect, freeze what is alive, raise the generation-0 threshold, and count the pauses from here on
+    (`serving_pauses`); returns the objects frozen."""
+    global _serving
+    gc.collect()
+    gc.freeze()
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(GEN0_THRESHOLD, gen1, gen2)
+    if _serving is None:
+        _serving = GcPauses().install()
+    return gc.get_freeze_count()
+
+
+def serving_pauses() -> GcPauses | None:
+    """The pauses counted since `for_serving` (None: never called in this process)."""
+    return _serving
+
+
+class GcPauses:
+    """Per generation: collections, seconds, longest pause (from `gc.callbacks`, while installed)."""
+
+    def __init__(self) -> None:
+        self.count = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self.longest = [0.0, 0.0, 0.0]
+        self._start = 0.0
+
+    def install(self) -> GcPauses:
+        gc.callbacks.append(self._on_gc)
+        return self
+
+    def uninstall(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+            return
+        g, pause = info["generation"], time.perf_counter() - self._start
+        self.count[g] += 1
+        self.seconds[g] += pause
+        self.longest[g] = max(self.longest[g], pause)
+
+    def describe(self) -> str:
+        return ", ".join(
+            f"gen{g} {self.count[g]} × {1e3 * self.seconds[g] / max(self.count[g], 1):.2f} ms "
+            f"(longest {1e3 * self.longest[g]:.1f} ms)"
+            for g in range(3)
+        )
+
+
+_serving: GcPauses | None = None

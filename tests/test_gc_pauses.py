@@ -1,0 +1,37 @@
+import gc
+
+import pytest
+
+from flashstate.gc_pauses import GEN0_THRESHOLD, GcPauses, for_serving
+
+
+@pytest.fixture
+def restore_gc():
+    threshold = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*threshold)
+
+
+def test_pauses_are_counted_per_generation_while_installed():
+    pauses = GcPauses().install()
+    try:
+        gc.collect(0)
+        gc.collect(2)
+        gc.collect(2)
+    finally:
+        pauses.uninstall()
+    gc.collect(1)  # not seen
+    assert pauses.count[0] >= 1 and pauses.count[2] >= 2 and pauses.count[1] == 0
+    assert pauses.seconds[2] >= pauses.longest[2] > 0
+    text = pauses.describe()
+    assert text.startswith("gen0 ") and "gen2 " in text and "longest" in text
+
+
+def test_for_serving_freezes_what_is_alive_and_raises_the_young_threshold(restore_gc):
+    survivors = [[i] for i in range(1000)]  # tracked containers alive at "start-up"
+    frozen = for_serving()
+    assert frozen >= len(survivors) and gc.get_freeze_count() == frozen
+    assert gc.get_threshold()[0] == GEN0_THRESHOLD
+    walked = {id(o) for g in range(3) for o in gc.get_objects(g)}
+    assert not any(id(x) in walked for x in survivors)
