@@ -15,6 +15,7 @@ For sequence i:
                            written into state pool slot export_slots[e] (in the same pass)
     chunk_indices        = (sequence, chunk within it) of each FLA_CHUNK-token chunk of the spans, in
                            FLA's layout: built on the host, so no chunked kernel reads the lengths back
+    token_seqs           = the sequence of each flat token (for the short conv)
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class ForwardMetadata:
     # choose their kernel by without reading device tensors. None: not known (the decode graphs' inputs).
     spans: tuple[int, bool] | None = None
     chunk_indices: Tensor | None = None  # [C, 2] int64; None for a pure decode batch (no chunked pass)
+    token_seqs: Tensor | None = None  # [T] int64; None for a pure decode batch
 
     @property
     def num_tokens(self) -> int:
@@ -132,6 +134,7 @@ class ForwardMetadata:
         decode = n > 0 and bool((q == 1).all())
         if not decode:
             parts["chunk_indices"] = np.stack([chunk_seq, chunk_pos], 1).reshape(-1)
+            parts["token_seqs"] = owner
         starts = np.cumsum([0] + [-(-x.size // 2) * 2 for x in parts.values()])
         packed = np.zeros(int(starts[-1]), dtype=np.int64)
         for start, part in zip(starts[:-1], parts.values(), strict=True):

@@ -149,7 +149,7 @@ class KimiDeltaAttention(LinearMixer):
         weight = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight])[:, 0]
         mixed, conv_exported = causal_conv1d(
             mixed, weight, None, conv_state_pool=self.conv_state, state_indices=meta.state_slots,
-            has_initial_state=meta.has_initial_state, cu_seqlens=meta.cu_seqlens,
+            has_initial_state=meta.has_initial_state, cu_seqlens=meta.cu_seqlens, token_seqs=meta.token_seqs,
             export_token_ids=meta.export_token_ids, activation="silu",
         )
         q, k, v = (y.reshape(1, t, h, d) for y in mixed.split(h * d, dim=-1))

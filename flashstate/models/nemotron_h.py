@@ -96,6 +96,7 @@ class Mamba2Mixer(LinearMixer):
             state_indices=meta.state_slots,
             has_initial_state=meta.has_initial_state,
             cu_seqlens=meta.cu_seqlens,
+            token_seqs=meta.token_seqs,
             export_token_ids=meta.export_token_ids,
             activation="silu",
         )

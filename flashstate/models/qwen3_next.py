@@ -193,8 +193,8 @@ class Qwen3NextGatedDeltaNet(StackedLinears, LinearMixer):
         (q, k, v), conv_exported = causal_conv1d(
             mixed, self.conv1d.weight[:, 0], self.conv1d.bias, conv_state_pool=self.conv_state,
             state_indices=meta.state_slots, has_initial_state=meta.has_initial_state,
-            cu_seqlens=meta.cu_seqlens, export_token_ids=meta.export_token_ids, activation="silu",
-            out_splits=[key_dim, key_dim, value_dim],
+            cu_seqlens=meta.cu_seqlens, token_seqs=meta.token_seqs, export_token_ids=meta.export_token_ids,
+            activation="silu", out_splits=[key_dim, key_dim, value_dim],
         )
         qkv = q.view(1, t, self.nk, self.dk), k.view(1, t, self.nk, self.dk), v.view(1, t, self.nv, self.dv)
         pooled = dict(

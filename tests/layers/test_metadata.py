@@ -64,7 +64,9 @@ def test_chunk_indices_list_each_sequences_64_token_chunks_in_order():
     expected = [(i, c) for i, q in enumerate([1, 130, 64, 65]) for c in range(-(-q // FLA_CHUNK))]
     assert [tuple(r) for r in meta.chunk_indices.tolist()] == expected
     assert meta.chunk_indices.dtype == torch.int64 and meta.chunk_indices.is_contiguous()
+    assert meta.token_seqs.tolist() == [0] + [1] * 130 + [2] * 64 + [3] * 65
 
 
 def test_a_decode_batch_has_no_chunk_indices():
-    assert ForwardMetadata.build([1, 1], [4, 9], [[0], [1]], 16, [0, 1]).chunk_indices is None
+    meta = ForwardMetadata.build([1, 1], [4, 9], [[0], [1]], 16, [0, 1])
+    assert meta.chunk_indices is None and meta.token_seqs is None

@@ -265,6 +265,7 @@ def causal_conv1d(
     state_indices: Tensor,
     has_initial_state: Tensor,
     cu_seqlens: Tensor,
+    token_seqs: Tensor | None = None,
     export_token_ids: Tensor | None = None,
     activation: str | None = "silu",
     out_splits: list[int] | None = None,
@@ -280,8 +281,8 @@ def causal_conv1d(
     if bd is None:  # parts not aligned to a channel tile: compute [T, D], then copy the parts out
         y, exported = causal_conv1d(
             x, weight, bias, conv_state_pool=conv_state_pool, state_indices=state_indices,
-            has_initial_state=has_initial_state, cu_seqlens=cu_seqlens, export_token_ids=export_token_ids,
-            activation=activation,
+            has_initial_state=has_initial_state, cu_seqlens=cu_seqlens, token_seqs=token_seqs,
+            export_token_ids=export_token_ids, activation=activation,
         )  # fmt: skip
         assert isinstance(y, Tensor) and out_splits is not None
         return tuple(p.contiguous() for p in y.split(out_splits, dim=-1)), exported
@@ -310,7 +311,10 @@ def causal_conv1d(
             SILU=activation == "silu", BD=bd_update,
         )  # fmt: skip
         return _parts(flat, t_total, dim, out_splits), decode_exports(conv_state_pool, idx, e)
-    seq_of_token = torch.searchsorted(cu, torch.arange(t_total, device=x.device), right=True) - 1
+    if token_seqs is not None:  # the metadata's, built on the host
+        seq_of_token = token_seqs.to(device=x.device, dtype=torch.long)
+    else:
+        seq_of_token = torch.searchsorted(cu, torch.arange(t_total, device=x.device), right=True) - 1
     if t_total:
         grid = lambda meta: (triton.cdiv(t_total, meta["BT"]), triton.cdiv(dim, meta["BD"]))  # noqa: E731
         _conv_kernel[grid](

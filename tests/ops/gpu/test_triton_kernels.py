@@ -26,7 +26,9 @@ def rel(a, b):
     return float((a.double().cpu() - b.double().cpu()).norm() / b.double().cpu().norm())
 
 
-def test_conv_matches_oracle_with_pooled_states_and_exports():
+@pytest.mark.parametrize("given_seqs", [False, True], ids=["derived", "metadata"])
+def test_conv_matches_oracle_with_pooled_states_and_exports(given_seqs):
+    """With the metadata's sequence of each token (`token_seqs`) or deriving it from cu_seqlens."""
     torch.manual_seed(0)
     lens, d = [5, 1, 2, 9], 40
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
@@ -53,6 +55,9 @@ def test_conv_matches_oracle_with_pooled_states_and_exports():
         state_indices=idx.to(DEV),
         has_initial_state=has.to(DEV),
         cu_seqlens=cu.to(DEV),
+        token_seqs=torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens)).to(DEV)
+        if given_seqs
+        else None,
         export_token_ids=exports.to(DEV),
     )
     assert rel(y2, y1) < 1e-5 and torch.equal(e2.cpu(), e1) and torch.equal(p2.cpu(), p1)
