@@ -12,7 +12,12 @@ from __future__ import annotations
 import gc
 import time
 
-GEN0_THRESHOLD = 50_000  # Python's default is 2,000 (3.13) or 700 (3.12 and before)
+# Python's default is 2,000 (3.13) or 700 (3.12 and before). A young collection walks every element of the
+# young lists (a prompt's token ids among them). At 50,000 the H200 headline's server paused 32 times in
+# 270 s, 180 ms on average (longest 513 ms); in the simulator, the interpreter's default spent 4x the
+# collector time with twice the pauses over 50 ms (benchmarks/gc_pauses.py, BENCHMARKS.md). Not yet
+# compared on the GPU.
+GEN0_THRESHOLD = 50_000
 
 
 def for_serving() -> int:
@@ -34,10 +39,14 @@ def serving_pauses() -> GcPauses | None:
 
 
 class GcPauses:
-    """Per generation: collections, seconds, longest pause (from `gc.callbacks`, while installed)."""
+    """Per generation: collections, seconds, the longest pause and how many were long (from `gc.callbacks`,
+    while installed)."""
+
+    LONG = 0.05  # a pause this long counts as long
 
     def __init__(self) -> None:
         self.count = [0, 0, 0]
+        self.long = [0, 0, 0]
         self.seconds = [0.0, 0.0, 0.0]
         self.longest = [0.0, 0.0, 0.0]
         self._start = 0.0
@@ -58,11 +67,12 @@ class GcPauses:
         self.count[g] += 1
         self.seconds[g] += pause
         self.longest[g] = max(self.longest[g], pause)
+        self.long[g] += pause >= self.LONG
 
     def describe(self) -> str:
         return ", ".join(
             f"gen{g} {self.count[g]} × {1e3 * self.seconds[g] / max(self.count[g], 1):.2f} ms "
-            f"(longest {1e3 * self.longest[g]:.1f} ms)"
+            f"(longest {1e3 * self.longest[g]:.1f} ms, {self.long[g]} over {1e3 * self.LONG:.0f} ms)"
             for g in range(3)
         )
 

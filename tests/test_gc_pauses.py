@@ -25,7 +25,16 @@ def test_pauses_are_counted_per_generation_while_installed():
     assert pauses.count[0] >= 1 and pauses.count[2] >= 2 and pauses.count[1] == 0
     assert pauses.seconds[2] >= pauses.longest[2] > 0
     text = pauses.describe()
-    assert text.startswith("gen0 ") and "gen2 " in text and "longest" in text
+    assert text.startswith("gen0 ") and "gen2 " in text and "longest" in text and "over 50 ms" in text
+
+
+def test_a_pause_over_50_ms_counts_as_long():
+    pauses = GcPauses()
+    for seconds in (0.01, 0.06, 0.2):
+        pauses._on_gc("start", {"generation": 0})
+        pauses._start -= seconds  # as if the collection had started that long ago
+        pauses._on_gc("stop", {"generation": 0})
+    assert pauses.count[0] == 3 and pauses.long[0] == 2 and pauses.longest[0] >= 0.2
 
 
 def test_for_serving_freezes_what_is_alive_and_raises_the_young_threshold(restore_gc):
