@@ -16,6 +16,11 @@ For sequence i:
     chunk_indices        = (sequence, chunk within it) of each FLA_CHUNK-token chunk of the spans, in
                            FLA's layout: built on the host, so no chunked kernel reads the lengths back
     token_seqs           = the sequence of each flat token (for the short conv)
+
+A padded batch (`build(..., pad=P)`, for fixed shapes) runs P more tokens at the end of its last span: their
+KV goes to the pad block, `real_tokens` masks them out of the recurrent updates (no decay, no write, so
+the state after them is the state after the last real token) and `last_real` is where each span's state,
+conv window and next-token logits are read.
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ class ForwardMetadata:
     spans: tuple[int, bool] | None = None
     chunk_indices: Tensor | None = None  # [C, 2] int64; None for a pure decode batch (no chunked pass)
     token_seqs: Tensor | None = None  # [T] int64; None for a pure decode batch
+    real_tokens: Tensor | None = None  # [T] bool, False on pad tokens; None when nothing is padded
+    last_real: Tensor | None = None  # [N] int64 flat index of each span's last real token; None unpadded
 
     @property
     def num_tokens(self) -> int:
@@ -79,13 +86,18 @@ class ForwardMetadata:
         has_initial_state: list[bool] | None = None,
         exports: list[tuple[int, int, int]] | None = None,
         device: torch.device | str = "cpu",
+        pad: int = 0,
+        pad_block: int | None = None,
     ) -> ForwardMetadata:
         """Build from host lists.
 
         `exports`: (sequence index, number of new tokens of that sequence processed, destination slot);
         the count is in [1, query_lens[i]]: export (i, query_lens[i], s) copies the final state.
+        `pad`: tokens run after the last span's real ones, their KV into block `pad_block` (module docstring).
         """
         n = len(query_lens)
+        if pad < 0 or (pad and (pad_block is None or n == 0)):
+            raise ValueError(f"padding {pad} tokens needs a pad block and a sequence to pad")
         if not (len(context_lens) == len(block_tables) == len(state_slots) == n):
             raise ValueError(
                 "query_lens, context_lens, block_tables and state_slots must have one entry per sequence"
@@ -94,6 +106,11 @@ class ForwardMetadata:
             has_initial_state = [c > q for q, c in zip(query_lens, context_lens, strict=True)]
         q = np.asarray(query_lens, dtype=np.int64).reshape(n)
         c = np.asarray(context_lens, dtype=np.int64).reshape(n)
+        if pad:
+            q[-1] += pad
+            c[-1] += pad
+            grow = -(-int(c[-1]) // block_size) - len(block_tables[-1])
+            block_tables = [*block_tables[:-1], [*block_tables[-1], *[pad_block] * max(grow, 0)]]
         lens = np.fromiter((len(t) for t in block_tables), dtype=np.int64, count=n)
         for i in np.flatnonzero((q < 1) | (c < q)):
             raise ValueError(f"sequence {i}: need 1 <= query_len <= context_len, got {q[i]}, {c[i]}")
@@ -135,6 +152,11 @@ class ForwardMetadata:
         if not decode:
             parts["chunk_indices"] = np.stack([chunk_seq, chunk_pos], 1).reshape(-1)
             parts["token_seqs"] = owner
+        if pad:
+            real = np.ones(int(cu[-1]), dtype=np.int64)
+            real[int(cu[-1]) - pad :] = 0
+            parts["real_tokens"] = real
+            parts["last_real"] = cu[1:] - 1 - np.where(np.arange(n) == n - 1, pad, 0)
         starts = np.cumsum([0] + [-(-x.size // 2) * 2 for x in parts.values()])
         packed = np.zeros(int(starts[-1]), dtype=np.int64)
         for start, part in zip(starts[:-1], parts.values(), strict=True):
@@ -145,9 +167,11 @@ class ForwardMetadata:
         views["has_initial_state"] = views["has_initial_state"].bool()
         if not decode:
             views["chunk_indices"] = views["chunk_indices"].view(-1, 2)
+        if pad:
+            views["real_tokens"] = views["real_tokens"].bool()
         return cls(
             **views,
             block_size=block_size,
-            query_lens_cpu=list(query_lens),
+            query_lens_cpu=q.tolist(),
             spans=(int(q.min()), bool((q == c).all())) if n else None,
         )

@@ -150,7 +150,7 @@ class KimiDeltaAttention(LinearMixer):
         mixed, conv_exported = causal_conv1d(
             mixed, weight, None, conv_state_pool=self.conv_state, state_indices=meta.state_slots,
             has_initial_state=meta.has_initial_state, cu_seqlens=meta.cu_seqlens, token_seqs=meta.token_seqs,
-            export_token_ids=meta.export_token_ids, activation="silu",
+            span_ends=meta.last_real, export_token_ids=meta.export_token_ids, activation="silu",
         )
         q, k, v = (y.reshape(1, t, h, d) for y in mixed.split(h * d, dim=-1))
         beta = torch.sigmoid(self.b_proj(x)).unsqueeze(0)
@@ -159,7 +159,11 @@ class KimiDeltaAttention(LinearMixer):
             has_initial_state=meta.has_initial_state, cu_seqlens=meta.cu_seqlens,
             export_token_ids=meta.export_token_ids, use_qk_l2norm_in_kernel=True,
         )
-        args = (q, k, v, self.decay(x).unsqueeze(0), beta)
+        g = self.decay(x).unsqueeze(0)
+        if meta.real_tokens is not None:  # pad tokens neither decay nor write the state
+            keep = meta.real_tokens[None, :, None]
+            g, beta = torch.where(keep[..., None], g, 0.0), torch.where(keep, beta, 0.0)
+        args = (q, k, v, g, beta)
         if meta.is_decode:
             o, ssm_exported = fused_recurrent_kda(*args, **pooled)
         else:

@@ -97,6 +97,7 @@ class Mamba2Mixer(LinearMixer):
             has_initial_state=meta.has_initial_state,
             cu_seqlens=meta.cu_seqlens,
             token_seqs=meta.token_seqs,
+            span_ends=meta.last_real,
             export_token_ids=meta.export_token_ids,
             activation="silu",
         )
@@ -123,8 +124,9 @@ class Mamba2Mixer(LinearMixer):
             y, ssm_exported = fused_recurrent_ssd(*args, **kwargs)
         else:
             y, ssm_exported = chunk_ssd(
-                *args, **kwargs, chunk_indices=meta.chunk_indices, chunk_size=self.lin.chunk_size
-            )
+                *args, **kwargs, chunk_indices=meta.chunk_indices, real_tokens=meta.real_tokens,
+                chunk_size=self.lin.chunk_size,
+            )  # fmt: skip
         self.write_exports(meta, conv_exported, ssm_exported)
         y = self.norm(y.view(t, self.inner), z)
         return self.out_proj(y.to(h.dtype))

@@ -193,8 +193,9 @@ class Qwen3NextGatedDeltaNet(StackedLinears, LinearMixer):
         (q, k, v), conv_exported = causal_conv1d(
             mixed, self.conv1d.weight[:, 0], self.conv1d.bias, conv_state_pool=self.conv_state,
             state_indices=meta.state_slots, has_initial_state=meta.has_initial_state,
-            cu_seqlens=meta.cu_seqlens, token_seqs=meta.token_seqs, export_token_ids=meta.export_token_ids,
-            activation="silu", out_splits=[key_dim, key_dim, value_dim],
+            cu_seqlens=meta.cu_seqlens, token_seqs=meta.token_seqs, span_ends=meta.last_real,
+            export_token_ids=meta.export_token_ids, activation="silu",
+            out_splits=[key_dim, key_dim, value_dim],
         )
         qkv = q.view(1, t, self.nk, self.dk), k.view(1, t, self.nk, self.dk), v.view(1, t, self.nv, self.dv)
         pooled = dict(
@@ -206,6 +207,9 @@ class Qwen3NextGatedDeltaNet(StackedLinears, LinearMixer):
             o, ssm_exported = decode_gated_delta_rule_in_place(*qkv, a, b, self.A_log, self.dt_bias, **pooled)
         else:
             g, beta = gdn_gating(a, b, self.A_log, self.dt_bias)
+            if meta.real_tokens is not None:  # pad tokens neither decay nor write the state
+                keep = meta.real_tokens[:, None]
+                g, beta = torch.where(keep, g, 0.0), torch.where(keep, beta, 0.0)
             o, ssm_exported = chunk_gated_delta_rule(
                 *qkv, g[None], beta[None], cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices,
                 chunk_size=self.chunk_size, **pooled,

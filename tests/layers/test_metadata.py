@@ -70,3 +70,20 @@ def test_chunk_indices_list_each_sequences_64_token_chunks_in_order():
 def test_a_decode_batch_has_no_chunk_indices():
     meta = ForwardMetadata.build([1, 1], [4, 9], [[0], [1]], 16, [0, 1])
     assert meta.chunk_indices is None and meta.token_seqs is None
+
+
+def test_padding_runs_extra_tokens_after_the_last_span_into_the_pad_block():
+    meta = ForwardMetadata.build([1, 6], [5, 6], [[3, 4], [7, 8]], 4, [0, 1], pad=5, pad_block=99)
+    assert meta.query_lens_cpu == [1, 11] and meta.cu_seqlens.tolist() == [0, 1, 12]
+    assert meta.real_tokens.tolist() == [True] * 7 + [False] * 5
+    assert meta.last_real.tolist() == [0, 6]
+    # the pads sit at positions 6..10: the rest of block 8, then the pad block
+    assert meta.slot_mapping.tolist()[7:] == [8 * 4 + 2, 8 * 4 + 3, 99 * 4, 99 * 4 + 1, 99 * 4 + 2]
+    assert meta.block_tables.tolist()[1] == [7, 8, 99] and not meta.has_initial_state.tolist()[1]
+    unpadded = ForwardMetadata.build([1, 6], [5, 6], [[3, 4], [7, 8]], 4, [0, 1])
+    assert unpadded.real_tokens is None and unpadded.last_real is None
+
+
+def test_padding_needs_a_pad_block():
+    with pytest.raises(ValueError, match="pad block"):
+        ForwardMetadata.build([2], [2], [[0]], 4, [0], pad=3)

@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 from flashstate.models.kimi_linear import KimiLinearForCausalLM, MultiLatentAttention
 from flashstate.models.loader import load_model
 from flashstate.models.spec import ModelSpec
-from tests.harness import PagedHarness, rel_err
+from tests.harness import PagedHarness, assert_padding_is_inert, rel_err
 
 VOCAB = 96
 BASE = dict(
@@ -184,3 +184,10 @@ def test_expanded_attention_equals_the_latent_path_fresh_and_over_a_cached_prefi
     finally:
         del mla.attend_expanded
     assert calls == [[11, 11], [30, 17]]
+
+
+def test_pad_tokens_after_the_last_span_change_nothing_real(models):
+    """ForwardMetadata's padding (fixed shapes for graphed mixed steps): masked out of the recurrent updates,
+    their KV in the pad block, the conv window read at the last real token."""
+    _, ours, _ = models
+    assert_padding_is_inert(ours, *_tokens([18, 18], seed=21))

@@ -7,7 +7,7 @@ import transformers
 from flashstate.models.loader import load_model
 from flashstate.models.nemotron_h import NemotronHForCausalLM
 from flashstate.models.spec import ModelSpec
-from tests.harness import PagedHarness, rel_err
+from tests.harness import PagedHarness, assert_padding_is_inert, rel_err
 
 VOCAB = 96
 # M = Mamba2, * = attention, - = MLP, E = MoE.
@@ -175,3 +175,10 @@ def test_bf16_checkpoint_keeps_router_bias_fp32(models, tmp_path):
     tokens = _tokens(12, seed=5)
     got = PagedHarness(ours, dtype=torch.bfloat16).step({0: tokens})[0]
     assert rel_err(got, hf_bf16(torch.tensor([tokens])).logits[0]) < 0.05
+
+
+def test_pad_tokens_after_the_last_span_change_nothing_real(models):
+    """ForwardMetadata's padding (fixed shapes for graphed mixed steps): masked out of the recurrent updates,
+    their KV in the pad block, the conv window read at the last real token."""
+    _, ours, _ = models
+    assert_padding_is_inert(ours, _tokens(18, seed=21), _tokens(18, seed=22))

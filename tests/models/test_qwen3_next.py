@@ -7,7 +7,7 @@ import transformers
 
 from flashstate.models.loader import load_model
 from flashstate.models.qwen3_next import Qwen3NextForCausalLM
-from tests.harness import PagedHarness, rel_err
+from tests.harness import PagedHarness, assert_padding_is_inert, rel_err
 
 LAYER_TYPES = ["linear_attention", "full_attention", "linear_attention", "linear_attention", "full_attention"]
 COMMON = dict(
@@ -187,3 +187,10 @@ def test_projections_split_into_the_checkpoint_parts_bit_for_bit(models):
         mlp = ours.model.layers[2].mlp
         assert mlp.stacked_weight().data_ptr() == mlp.gate_proj.weight.data_ptr()  # one GEMM, no copy
         assert torch.equal(mlp(x), mlp.down_proj(F.silu(mlp.gate_proj(x)) * mlp.up_proj(x)))
+
+
+def test_pad_tokens_after_the_last_span_change_nothing_real(models):
+    """ForwardMetadata's padding (fixed shapes for graphed mixed steps): masked out of the recurrent updates,
+    their KV in the pad block, the conv window read at the last real token."""
+    _, ours = models
+    assert_padding_is_inert(ours, _tokens(18, seed=21), _tokens(18, seed=22))

@@ -270,8 +270,12 @@ def _tiles(cu: Tensor, tokens_per_tile: int, max_tiles: int) -> tuple[Tensor, Te
     """Flat tile list: tile p covers tokens [tile_tok[p], + tokens_per_tile) of sequence tile_seq[p]
     (−1 past the last tile). Sync-free: `max_tiles` bounds the count from shapes alone. Every attention
     layer of a step passes the same `cu` tensor (the metadata's, never written in place), so the list is
-    built once per step: the last one is kept, keyed by that tensor's identity."""
+    built once per step: the last one is kept, keyed by that tensor's identity. Not while a CUDA graph is
+    captured: its input buffers keep their identity and change their contents, so the graph must record
+    the build."""
     global _last_tiles
+    if cu.is_cuda and torch.cuda.is_current_stream_capturing():
+        return _build_tiles(cu, tokens_per_tile, max_tiles)
     last = _last_tiles
     if last is not None and last[0] is cu and last[1:3] == (tokens_per_tile, max_tiles):
         return last[3]

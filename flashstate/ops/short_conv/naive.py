@@ -17,6 +17,7 @@ def causal_conv1d(
     has_initial_state: Tensor,
     cu_seqlens: Tensor,
     token_seqs: Tensor | None = None,
+    span_ends: Tensor | None = None,
     export_token_ids: Tensor | None = None,
     activation: str | None = "silu",
     out_splits: list[int] | None = None,
@@ -25,7 +26,8 @@ def causal_conv1d(
 
     x: [T, D]; weight: [D, K]; conv_state_pool: [S, D, K - 1] holds each slot's last K - 1 inputs
     (oldest first). Returns y: [T, D] and the exported conv states [E, D, K - 1]. Pool slots
-    `state_indices` are overwritten with the last K - 1 inputs of each span. With `out_splits` (1 to 3
+    `state_indices` are overwritten with the last K - 1 inputs of each span (up to and including flat token
+    span_ends[i] when given: a span padded past its real end). With `out_splits` (1 to 3
     channel counts summing to D), y comes back as one contiguous [T, s] tensor per part.
     """
     del token_seqs  # the metadata's sequence of each token: the oracle walks the spans itself
@@ -35,6 +37,7 @@ def causal_conv1d(
     ys, exported = [], {}
     export = [] if export_token_ids is None else export_token_ids.tolist()
     bounds = cu_seqlens.tolist()
+    ends = bounds[1:] if span_ends is None else [e + 1 for e in span_ends.tolist()]
     for i in range(len(bounds) - 1):
         start, end = bounds[i], bounds[i + 1]
         slot = int(state_indices[i])
@@ -50,7 +53,8 @@ def causal_conv1d(
             if start <= t < end:
                 n = t - start + 1
                 exported[e] = seq[:, n : n + width]
-        conv_state_pool[slot] = seq[:, seq.shape[1] - width :].to(conv_state_pool.dtype)
+        n = ends[i] - start
+        conv_state_pool[slot] = seq[:, n : n + width].to(conv_state_pool.dtype)
     y = torch.cat(ys, dim=0)
     if activation == "silu":
         y = F.silu(y)

@@ -266,6 +266,7 @@ def causal_conv1d(
     has_initial_state: Tensor,
     cu_seqlens: Tensor,
     token_seqs: Tensor | None = None,
+    span_ends: Tensor | None = None,
     export_token_ids: Tensor | None = None,
     activation: str | None = "silu",
     out_splits: list[int] | None = None,
@@ -282,7 +283,7 @@ def causal_conv1d(
         y, exported = causal_conv1d(
             x, weight, bias, conv_state_pool=conv_state_pool, state_indices=state_indices,
             has_initial_state=has_initial_state, cu_seqlens=cu_seqlens, token_seqs=token_seqs,
-            export_token_ids=export_token_ids, activation=activation,
+            span_ends=span_ends, export_token_ids=export_token_ids, activation=activation,
         )  # fmt: skip
         assert isinstance(y, Tensor) and out_splits is not None
         return tuple(p.contiguous() for p in y.split(out_splits, dim=-1)), exported
@@ -342,7 +343,11 @@ def causal_conv1d(
         )
     if e is not None:
         exported = _windows(x, conv_state_pool, cu, idx, has, seq_of_token[e], e, e.shape[0])
-    finals = _windows(x, conv_state_pool, cu, idx, has, None, None, n)
+    if span_ends is None:
+        finals = _windows(x, conv_state_pool, cu, idx, has, None, None, n)
+    else:  # a span padded past its real end keeps the window ending at its last real token
+        ends = span_ends.to(device=x.device, dtype=torch.long)
+        finals = _windows(x, conv_state_pool, cu, idx, has, torch.arange(n, device=x.device), ends, n)
     conv_state_pool.index_copy_(0, idx, finals)
     return _parts(flat, t_total, dim, out_splits), exported
 

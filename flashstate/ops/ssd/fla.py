@@ -9,6 +9,7 @@ chunks of 64 whatever `chunk_size` says.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from flashstate.ops.fla_chunked import FLA_CHUNK, export_and_scatter, varlen_setup
@@ -33,6 +34,7 @@ def chunk_ssd(
     has_initial_state: Tensor,
     cu_seqlens: Tensor,
     chunk_indices: Tensor | None = None,
+    real_tokens: Tensor | None = None,
     export_token_ids: Tensor | None = None,
     chunk_size: int = 64,
 ) -> tuple[Tensor, Tensor]:
@@ -48,6 +50,8 @@ def chunk_ssd(
     if heads % groups:
         raise ValueError(f"{heads} heads cannot be split into {groups} groups")
     delta = _delta(dt, dt_bias, dt_softplus, dt_limit)  # [1, T, H] fp32
+    if real_tokens is not None:  # pad tokens: a step of zero length (no decay, no input)
+        delta = torch.where(real_tokens[None, :, None], delta, 0.0)
     v = (x.float() * delta[..., None]).to(x.dtype)
     k = B.repeat_interleave(heads // groups, dim=2).to(x.dtype)
     q = C.repeat_interleave(heads // groups, dim=2).to(x.dtype)

@@ -36,14 +36,17 @@ def _delta(dt: Tensor, dt_bias: Tensor | None, dt_softplus: bool, dt_limit: tupl
     return dt.clamp(min=dt_limit[0], max=dt_limit[1])
 
 
-def _prepare(x, dt, A, B, C, dt_bias, dt_softplus, dt_limit):
-    """Flatten the batch dim, discretise Δ, and give every head its group's B/C. All fp32."""
+def _prepare(x, dt, A, B, C, dt_bias, dt_softplus, dt_limit, real_tokens=None):
+    """Flatten the batch dim, discretise Δ (0 where `real_tokens` is False), and give every head its group's
+    B/C. All fp32."""
     if x.shape[0] != 1:
         raise ValueError(f"varlen inputs must have batch size 1, got {x.shape[0]}")
     heads, groups = x.shape[2], B.shape[2]
     if heads % groups:
         raise ValueError(f"{heads} heads cannot be split into {groups} groups")
     delta = _delta(dt[0], dt_bias, dt_softplus, dt_limit)  # [T, H]
+    if real_tokens is not None:
+        delta = torch.where(real_tokens[:, None], delta, 0.0)
     B = B[0].float().repeat_interleave(heads // groups, dim=1)  # [T, H, N]
     C = C[0].float().repeat_interleave(heads // groups, dim=1)
     return x[0].float(), delta, delta * A.float(), B, C
@@ -65,6 +68,7 @@ def chunk_ssd(
     has_initial_state: Tensor,
     cu_seqlens: Tensor,
     chunk_indices: Tensor | None = None,
+    real_tokens: Tensor | None = None,
     export_token_ids: Tensor | None = None,
     chunk_size: int = 64,
 ) -> tuple[Tensor, Tensor]:
@@ -77,7 +81,7 @@ def chunk_ssd(
     each flat token of `export_token_ids`: [E, H, P, N] fp32.
     """
     del chunk_indices  # the metadata's FLA chunk list: the oracle needs none
-    xs, delta, a, B, C = _prepare(x, dt, A, B, C, dt_bias, dt_softplus, dt_limit)
+    xs, delta, a, B, C = _prepare(x, dt, A, B, C, dt_bias, dt_softplus, dt_limit, real_tokens)
     q = chunk_size
     tril = torch.ones(q, q, dtype=torch.bool, device=x.device).tril()
 

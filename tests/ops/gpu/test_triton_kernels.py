@@ -213,3 +213,23 @@ def test_a_steps_attention_layers_share_one_tile_list():
     other = _tiles(cu.clone(), 16, 8)
     assert other is not first and all(torch.equal(a, b) for a, b in zip(other, first, strict=True))
     assert _tiles(cu, 8, 12) is not first
+
+
+def test_conv_keeps_the_window_at_each_spans_last_real_token():
+    """A span padded past its real end (`span_ends`): the pool keeps the window ending at its last real token,
+    as the oracle does."""
+    torch.manual_seed(4)
+    lens, d = [5, 1, 12], 40
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    ends = torch.tensor([4, 5, 10])  # the last span's tokens 11.. are pads
+    x, w, b = torch.randn(sum(lens), d), torch.randn(d, 4), torch.randn(d)
+    pool = torch.randn(6, d, 3)
+    idx, has = torch.tensor([3, 0, 5]), torch.tensor([True, False, True])
+    p1, p2 = pool.clone(), pool.to(DEV)
+    kw = dict(state_indices=idx, has_initial_state=has, cu_seqlens=cu, span_ends=ends)
+    y1, _ = conv_naive.causal_conv1d(x, w, b, conv_state_pool=p1, **kw)
+    y2, _ = causal_conv1d(
+        x.to(DEV), w.to(DEV), b.to(DEV), conv_state_pool=p2, **{k: v.to(DEV) for k, v in kw.items()}
+    )
+    assert rel(y2, y1) < 1e-5 and torch.equal(p2.cpu(), p1)
+    assert torch.equal(p1[5], x[8:11].T)  # flat tokens 8..10, its last real ones, not its pads
