@@ -40,7 +40,7 @@ def test_a_pause_over_50_ms_counts_as_long():
 def test_for_serving_freezes_what_is_alive_and_raises_the_young_threshold(restore_gc):
     survivors = [[i] for i in range(1000)]  # tracked containers alive at "start-up"
     frozen = for_serving()
-    assert frozen >= len(survivors) and gc.get_freeze_count() == frozen
+    assert frozen >= len(survivors)  # (frozen objects freed since by reference counting leave the count)
     assert gc.get_threshold()[0] == GEN0_THRESHOLD
     walked = {id(o) for g in range(3) for o in gc.get_objects(g)}
     assert not any(id(x) in walked for x in survivors)
