@@ -120,6 +120,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help="run decode steps eagerly (no CUDA graphs)",
     )
     g.add_argument(
+        "--mixed-step-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=d.mixed_step_graphs,
+        help="run a mixed step whose one prefill chunk is short (up to 512 tokens) padded to fixed shapes, "
+        "replayed as a CUDA graph",
+    )
+    g.add_argument(
         "--async-scheduling",
         action=argparse.BooleanOptionalAction,
         default=d.async_scheduling,

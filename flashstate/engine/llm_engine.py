@@ -95,6 +95,8 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, caches, config.block_size, self.device, peers=self.tp)
         if not config.enforce_eager:
             self.runner.capture_graphs(config.max_num_seqs, -(-self.max_model_len // config.block_size))
+        if config.mixed_step_graphs:
+            self.runner.capture_mixed_graphs(config.max_num_seqs, -(-self.max_model_len // config.block_size))
         self.requests: dict[str, RequestState] = {}
         self._ids = itertools.count()
         self.host = None

@@ -14,6 +14,7 @@ from flashstate.device import upload
 from flashstate.engine.cache_tensors import CacheTensors
 from flashstate.engine.cuda_graph import DecodeGraphs
 from flashstate.engine.decode_inputs import DecodeInputs
+from flashstate.engine.mixed_graphs import MixedGraphs
 from flashstate.engine.scheduler import ScheduledBatch
 from flashstate.engine.sequence import Sequence
 from flashstate.layers.metadata import ForwardMetadata
@@ -72,6 +73,7 @@ class ModelRunner:
         self.sampler = Sampler()
         self.graphs: DecodeGraphs | None = None
         self.inputs: DecodeInputs | None = None  # pure-decode batches' persistent inputs
+        self.mixed: MixedGraphs | None = None  # small mixed steps at fixed shapes
         # The last batch's SamplingBatch, kept while the batch is the same sequences (kept alive: ids unique).
         self._sampling: tuple[list[Sequence], list[int], SamplingBatch] | None = None
         # Two pinned (tokens, logprobs) pairs, alternating: a step launched ahead writes one while the
@@ -117,11 +119,39 @@ class ModelRunner:
         )
         return True
 
+    def capture_mixed_graphs(self, max_decode: int, max_blocks_per_seq: int) -> bool:
+        """Run mixed steps with one short prefill chunk padded to fixed shapes (mixed_graphs.py), captured as
+        CUDA graphs on CUDA (eager, padded, elsewhere); False, leaving them eager and unpadded, when the
+        model cannot be captured."""
+        mixed = MixedGraphs(
+            self.model, self.caches, self.block_size, max_blocks_per_seq, self.device, max_decode
+        )
+        if self.device.type == "cuda":
+            if self.peers is not None or not self.model.spec.cuda_graph_safe:
+                return False
+            start = time.perf_counter()
+            try:
+                mixed.capture()
+            except RuntimeError as e:
+                logger.warning("mixed steps stay eager: graph capture failed (%s)", str(e).splitlines()[0])
+                mixed.release()
+                torch.cuda.synchronize(self.device)
+                return False
+            logger.info(
+                "captured mixed-step CUDA graphs for %d decode x %d prefill sizes in %.1f s",
+                len(mixed.decode_sizes), len(mixed.prefill_sizes), time.perf_counter() - start,
+            )  # fmt: skip
+        self.mixed = mixed
+        return True
+
     def release_graphs(self) -> None:
-        """Free the decode graphs; decode runs eager from here on."""
+        """Free the decode and mixed-step graphs; every step runs eager from here on."""
         graphs, self.graphs = self.graphs, None
         if graphs is not None:
             graphs.release()
+        mixed, self.mixed = self.mixed, None
+        if mixed is not None:
+            mixed.release()
 
     def build_metadata(self, batch: ScheduledBatch) -> tuple[torch.Tensor, ForwardMetadata]:
         tokens: list[int] = []
@@ -257,6 +287,11 @@ class ModelRunner:
         if self.is_decode(batch):
             rows = list(range(n))
             logits = self._decode(batch.seqs)
+        elif self.mixed is not None and (key := self.mixed.bucket(batch)) is not None:
+            every = self.mixed.forward(batch, key)
+            rows = [i for i in range(n) if batch.samples(i)]
+            if rows:
+                logits = every[upload(rows, torch.long, self.device)]
         else:
             input_ids, meta = self.build_metadata(batch)
             hidden = self.model(input_ids, meta)

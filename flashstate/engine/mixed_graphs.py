@@ -1,0 +1,186 @@
+"""MixedGraphs: mixed steps (decode rows plus one short prefill chunk) at fixed shapes, as CUDA graphs.
+
+A small mixed step is host-bound when run eagerly (~45 ms to issue a 24-layer forward on the H200 for ~15 ms
+of GPU work, benchmarks/BENCHMARKS.md). Here it runs padded to a bucket (B, T): B decode-shaped rows (the
+batch's one-token rows, then pad rows into the pad block and pad slot) and the prefill chunk last, padded to
+T tokens (`ForwardMetadata.build(pad=...)`: pad tokens are masked out of the recurrent updates and write
+their KV into the pad block). For a bucket every shape is fixed — the chunk list, the attention tiles, the
+spans — so its forward and the logits at each row's last real token are captured once and replayed with
+new contents in the bucket's buffers. On the CPU the same padded forward runs eagerly (what the tests check).
+
+    graphs = MixedGraphs(model, caches, block_size, max_blocks, device, max_decode)
+    graphs.capture()                       # CUDA
+    key = graphs.bucket(batch)             # None: not a mixed step this can run
+    logits = graphs.forward(batch, key)    # [len(batch), V] fp32, in the batch's row order
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+from torch import Tensor
+
+from flashstate.device import upload
+from flashstate.engine.cache_tensors import CacheTensors
+from flashstate.engine.cuda_graph import capture_sizes
+from flashstate.engine.scheduler import ScheduledBatch
+from flashstate.layers.metadata import FLA_CHUNK, ForwardMetadata
+from flashstate.models.base import HybridForCausalLM
+
+PREFILL_SIZES = (64, 128, 256, 512)  # multiples of FLA_CHUNK: a bucket's chunk list is fixed
+
+
+@dataclass(slots=True)
+class _Bucket:
+    tokens: Tensor  # [B + T] int64
+    meta: ForwardMetadata  # fixed-shape tensors the forward reads
+    logits: Tensor | None = None  # [B + 1, V] fp32, the captured output
+    graph: torch.cuda.CUDAGraph | None = None
+
+
+class MixedGraphs:
+    def __init__(
+        self,
+        model: HybridForCausalLM,
+        caches: CacheTensors,
+        block_size: int,
+        max_blocks_per_seq: int,
+        device: torch.device,
+        max_decode: int,
+        prefill_sizes: tuple[int, ...] = PREFILL_SIZES,
+    ):
+        if any(t % FLA_CHUNK for t in prefill_sizes):
+            raise ValueError(f"prefill sizes must be multiples of {FLA_CHUNK}, got {prefill_sizes}")
+        self.model = model
+        self.caches = caches
+        self.block_size = block_size
+        self.width = max_blocks_per_seq
+        self.device = device
+        self.decode_sizes = capture_sizes(max_decode)
+        self.prefill_sizes = sorted(prefill_sizes)
+        self._buckets: dict[tuple[int, int], _Bucket] = {}
+        self._pool = None
+
+    def bucket(self, batch: ScheduledBatch) -> tuple[int, int] | None:
+        """(B, T) of a batch with no exports, exactly one row of more than one token (at most the largest
+        prefill size) and at most the largest decode size of one-token rows; None for any other."""
+        long_rows = [i for i, n in enumerate(batch.num_tokens) if n > 1]
+        if batch.exports or len(long_rows) != 1:
+            return None
+        seq, n, rows = batch.seqs[long_rows[0]], batch.num_tokens[long_rows[0]], len(batch) - 1
+        t = next((s for s in self.prefill_sizes if s >= n), None)
+        b = next((s for s in self.decode_sizes if s >= max(rows, 1)), None)
+        if t is None or b is None or -(-(seq.num_computed_tokens + t) // self.block_size) > self.width:
+            return None  # no bucket, or the pads would run past the widest block table
+        return b, t
+
+    def forward(self, batch: ScheduledBatch, key: tuple[int, int]) -> Tensor:
+        """Logits [len(batch), V] (fp32) at each row's last token, in the batch's row order."""
+        b, t = key
+        entry = self._entry(b, t)
+        p = next(i for i, n in enumerate(batch.num_tokens) if n > 1)
+        order = [i for i in range(len(batch)) if i != p]
+        tokens, meta = self._padded(batch, order, p, b, t)
+        entry.tokens.copy_(tokens)
+        for f in ("positions", "context_lens", "slot_mapping", "state_slots", "has_initial_state"):
+            getattr(entry.meta, f).copy_(getattr(meta, f))
+        if meta.real_tokens is None:  # the chunk fills its bucket exactly
+            entry.meta.real_tokens.fill_(True)
+            entry.meta.last_real.copy_(meta.cu_seqlens[1:] - 1)
+        else:
+            entry.meta.real_tokens.copy_(meta.real_tokens)
+            entry.meta.last_real.copy_(meta.last_real)
+        entry.meta.block_tables.fill_(self.caches.pad_block)
+        entry.meta.block_tables[:, : meta.block_tables.shape[1]].copy_(meta.block_tables)
+        if entry.graph is not None:
+            entry.graph.replay()
+            logits = entry.logits
+        else:
+            logits = self._logits(entry)
+        rows = [0] * len(batch)
+        for j, i in enumerate(order):
+            rows[i] = j
+        rows[p] = b  # the prefill row sits after the B decode-shaped rows
+        return logits[upload(rows, torch.long, self.device)]
+
+    def _padded(
+        self, batch: ScheduledBatch, order: list[int], p: int, b: int, t: int
+    ) -> tuple[Tensor, ForwardMetadata]:
+        caches, seqs, counts = self.caches, batch.seqs, batch.num_tokens
+        query, context, tables, slots, has, ids = [], [], [], [], [], []
+        for i in [*order, p]:
+            seq, n = seqs[i], counts[i]
+            query.append(n)
+            context.append(seq.num_computed_tokens + n)
+            tables.append(seq.block_table)
+            slots.append(seq.state_slot)
+            has.append(seq.num_computed_tokens > 0)
+            ids.extend(seq.token_ids[seq.num_computed_tokens : seq.num_computed_tokens + n])
+        fill = b - len(order)  # pad rows: token 0 at position 0 into the pad block and slot
+        for lst, v in ((query, 1), (context, 1), (slots, caches.pad_slot), (has, False)):
+            lst[len(order) : len(order)] = [v] * fill
+        tables[len(order) : len(order)] = [[caches.pad_block]] * fill
+        ids[len(order) : len(order)] = [0] * fill
+        pad = t - counts[p]
+        meta = ForwardMetadata.build(
+            query, context, tables, self.block_size, slots, has, device=self.device, pad=pad,
+            pad_block=caches.pad_block,
+        )  # fmt: skip
+        return upload([*ids, *[0] * pad], torch.long, self.device), meta
+
+    def _entry(self, b: int, t: int) -> _Bucket:
+        entry = self._buckets.get((b, t))
+        if entry is None:
+            entry = self._buckets[(b, t)] = self._new_bucket(b, t)
+        return entry
+
+    def _new_bucket(self, b: int, t: int) -> _Bucket:
+        """Buffers for (B, T), holding a batch of pad rows and an all-pad prefill row (a valid forward)."""
+        pad_block, lens = self.caches.pad_block, [1] * b + [t]
+        tables = [[pad_block]] * b + [[pad_block] * -(-t // self.block_size)]
+        slots = [self.caches.pad_slot] * (b + 1)
+        meta = ForwardMetadata.build(
+            lens, lens, tables, self.block_size, slots, [False] * (b + 1), device=self.device
+        )
+        real = torch.ones(b + t, dtype=torch.bool, device=self.device)
+        table = torch.full((b + 1, self.width), pad_block, dtype=torch.int64, device=self.device)
+        table[:, : meta.block_tables.shape[1]] = meta.block_tables
+        values = {f.name: getattr(meta, f.name) for f in fields(ForwardMetadata)}
+        values |= {"block_tables": table, "real_tokens": real, "last_real": meta.cu_seqlens[1:] - 1}
+        values["spans"] = (1, False)  # decode rows and a chunk over a prefix: the paged kernel, always
+        values = {k: v.clone() if isinstance(v, Tensor) else v for k, v in values.items()}
+        return _Bucket(torch.zeros(b + t, dtype=torch.long, device=self.device), ForwardMetadata(**values))
+
+    def _logits(self, entry: _Bucket) -> Tensor:
+        hidden = self.model(entry.tokens, entry.meta)
+        return self.model.compute_logits(hidden[entry.meta.last_real]).float()
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Capture every bucket (largest first: later graphs fit in its memory pool)."""
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for b in reversed(self.decode_sizes):
+                for t in reversed(self.prefill_sizes):
+                    entry = self._entry(b, t)
+                    for _ in range(2):  # warm-up: autotuning and lazy initialisation happen outside capture
+                        self._logits(entry)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=self._pool, stream=stream):
+                        entry.logits = self._logits(entry)
+                    if self._pool is None:
+                        self._pool = graph.pool()
+                    entry.graph = graph
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        torch.cuda.synchronize(self.device)
+
+    def release(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        for entry in self._buckets.values():
+            if entry.graph is not None:
+                entry.graph.reset()
+        self._buckets.clear()
+        self._pool = None
