@@ -124,7 +124,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=d.mixed_step_graphs,
         help="run a mixed step whose one prefill chunk is short (up to 512 tokens) padded to fixed shapes, "
-        "replayed as a CUDA graph",
+        "replayed as a CUDA graph (on the CPU the padded step runs eagerly: for tests)",
     )
     g.add_argument(
         "--async-scheduling",
