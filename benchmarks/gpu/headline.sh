@@ -16,7 +16,8 @@
 # budget; defaults: 17G for qwen3-next-2b, 13G for nemotron-h-2b, 11G for kimi-linear-2b, where the
 # simulator puts vllm near the reference's ~30% hit rate, about 70% of what the 48 agents hold at this
 # scale), HOST_BYTES (policies mode: flashstate runs with a host tier of this size, as `flashstate-host`),
-# FLASHSTATE_ARGS (more serve flags for `flashstate-host`, e.g. --long-prefill-token-threshold 2048), GPUS (default
+# FLASHSTATE_ARGS (more serve flags for `flashstate-host`, e.g. --long-prefill-token-threshold 2048), SERVE_ARGS
+# (more serve flags for every server: engine features, e.g. --mixed-step-graphs), GPUS (default
 # 1: the runs one after another; N > 1 spreads them over GPUs 0..N-1, one server per GPU at a time, each
 # measured alone on its card, then merges the results), and any extra `bench compare` flags after the mode.
 set -euo pipefail
@@ -43,7 +44,7 @@ fi
 GPUS="${GPUS:-1}"
 PY="${PYTHON:-python3}"
 model="$("$PY" -c "from flashstate.models.presets import preset_dir; print(preset_dir('$PRESET'))")"
-serve="--device ${DEVICE:-cuda} --dtype ${DTYPE:-bfloat16} --max-num-seqs 48 --max-num-batched-tokens 8192 --kv-cache-memory-bytes $KV_BYTES"
+serve="--device ${DEVICE:-cuda} --dtype ${DTYPE:-bfloat16} --max-num-seqs 48 --max-num-batched-tokens 8192 --kv-cache-memory-bytes $KV_BYTES ${SERVE_ARGS:-}"
 common=(
   --model "$model" --workload "$TRACES" --seed 0 --agents 48 --warmup "$WARMUP" --duration "$DURATION" --drain "$DRAIN"
   --length-scale 0.25 --max-context 65536 --time-scale 0.05 --max-think-time 5 --max-output-tokens 512
