@@ -73,9 +73,12 @@ def run(
     chunks: list[int],
     device: str,
     profile_dir: Path | None,
+    graphs: bool = False,
 ) -> list[dict]:
     kw = {} if device == "cuda" else dict(device=device, dtype="float32", kv_cache_memory_bytes=1 << 30)
-    llm = make_llm(model_dir, max_num_seqs=batch + 2, max_num_batched_tokens=budget, **kw)
+    llm = make_llm(
+        model_dir, max_num_seqs=batch + 2, max_num_batched_tokens=budget, mixed_step_graphs=graphs, **kw
+    )
     engine = llm.engine
     long = SamplingParams(max_tokens=4096, temperature=0, ignore_eos=True)
     shared = prompt(context, seed=1)
@@ -145,6 +148,7 @@ def main() -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--chunks", default="", help="prefill chunk sizes (default: each budget less the batch)")
     p.add_argument("--profile", action="store_true", help="profile one mixed step over the prefix")
+    p.add_argument("--mixed-step-graphs", action="store_true", help="short chunks' steps as CUDA graphs")
     args = p.parse_args()
     model_dir = preset_dir(args.preset)
     budgets = [int(b) for b in args.budgets.split(",")]
@@ -154,7 +158,8 @@ def main() -> None:
     rows = []
     for b in budgets:
         chunks = [int(c) for c in args.chunks.split(",")] if args.chunks else [b - args.batch]
-        rows.extend(run(model_dir, args.batch, args.context, b, chunks, args.device, profile_dir))
+        graphs = args.mixed_step_graphs
+        rows.extend(run(model_dir, args.batch, args.context, b, chunks, args.device, profile_dir, graphs))
         (out / "mixed_step.json").write_text(json.dumps(rows, indent=1))
     print("| budget | chunk | decode step | fresh chunk: steps (ms, prefill tokens, decodes) | prefill tok/s "
           "| over the prefix: ms per step, tok/s | chunk alone |")  # fmt: skip
