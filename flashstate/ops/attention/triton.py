@@ -17,6 +17,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from flashstate.ops.attention.tiles import tile_list
+
 SMEM_BUDGET = 200 * 1024  # bytes of shared memory a tile may plan for (the H100/H200 allow 227 KiB)
 
 LOG2E = 1.4426950408889634
@@ -263,37 +265,6 @@ def _merge_splits_kernel(
     tl.store(o_ptrs, (acc / total).to(out.dtype.element_ty), mask=dv < DV)
 
 
-_last_tiles: tuple | None = None  # (cu, tokens_per_tile, max_tiles, tiles): for the step's other layers
-
-
-def _tiles(cu: Tensor, tokens_per_tile: int, max_tiles: int) -> tuple[Tensor, Tensor]:
-    """Flat tile list: tile p covers tokens [tile_tok[p], + tokens_per_tile) of sequence tile_seq[p]
-    (−1 past the last tile). Sync-free: `max_tiles` bounds the count from shapes alone. Every attention
-    layer of a step passes the same `cu` tensor (the metadata's, never written in place), so the list is
-    built once per step: the last one is kept, keyed by that tensor's identity. Not while a CUDA graph is
-    captured: its input buffers keep their identity and change their contents, so the graph must record
-    the build."""
-    global _last_tiles
-    if cu.is_cuda and torch.cuda.is_current_stream_capturing():
-        return _build_tiles(cu, tokens_per_tile, max_tiles)
-    last = _last_tiles
-    if last is not None and last[0] is cu and last[1:3] == (tokens_per_tile, max_tiles):
-        return last[3]
-    tiles = _build_tiles(cu, tokens_per_tile, max_tiles)
-    _last_tiles = (cu, tokens_per_tile, max_tiles, tiles)
-    return tiles
-
-
-def _build_tiles(cu: Tensor, tokens_per_tile: int, max_tiles: int) -> tuple[Tensor, Tensor]:
-    per_seq = (cu[1:] - cu[:-1] + tokens_per_tile - 1) // tokens_per_tile
-    offsets = torch.cat([per_seq.new_zeros(1), per_seq.cumsum(0)])
-    p = torch.arange(max_tiles, device=cu.device)
-    seq = (torch.searchsorted(offsets, p, right=True) - 1).clamp(max=per_seq.shape[0] - 1)
-    valid = p < offsets[-1]
-    tok = (p - offsets[seq]) * tokens_per_tile
-    return torch.where(valid, seq, -1).to(torch.int32), tok.to(torch.int32)
-
-
 def paged_attention(
     q: Tensor,
     k_cache: Tensor,
@@ -349,7 +320,7 @@ def paged_attention(
         tile_seq = tile_tok = cu
     else:
         num_tiles = t_total // (bm // g) + n + 1
-        tile_seq, tile_tok = _tiles(cu.long(), bm // g, num_tiles)
+        tile_seq, tile_tok = tile_list(cu.long(), bm // g, num_tiles)
     max_keys = block_tables.shape[1] * page
     splits = 1
     if decode:  # ~4 programs per SM; at least MIN_SPLIT_KEYS keys each (few sequences need many splits)

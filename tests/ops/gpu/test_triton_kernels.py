@@ -202,19 +202,6 @@ def test_paged_attention_over_a_latent_cache_matches_oracle(q_lens, ctx, d, dv, 
     assert rel(out, ref) < 1e-3
 
 
-def test_a_steps_attention_layers_share_one_tile_list():
-    """Built once per step for the metadata's `cu` (identity), again for any other."""
-    from flashstate.ops.attention.triton import _tiles
-
-    cu = torch.tensor([0, 3, 40, 41], device=DEV)
-    first = _tiles(cu, 16, 8)
-    assert _tiles(cu, 16, 8) is first
-    assert first[0].tolist() == [0, 1, 1, 1, 2, -1, -1, -1] and first[1].tolist()[:5] == [0, 0, 16, 32, 0]
-    other = _tiles(cu.clone(), 16, 8)
-    assert other is not first and all(torch.equal(a, b) for a, b in zip(other, first, strict=True))
-    assert _tiles(cu, 8, 12) is not first
-
-
 def test_conv_keeps_the_window_at_each_spans_last_real_token():
     """A span padded past its real end (`span_ends`): the pool keeps the window ending at its last real token,
     as the oracle does."""
