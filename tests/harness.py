@@ -63,7 +63,7 @@ class PagedHarness:
             slots,
             exports=[(ids.index(s), n, dst) for s, n, dst in exports or []],
             pad=pad,
-            pad_block=self.caches.pad_block,
+            pad_block=self.caches.pad_block if pad else None,
         )
         tokens = torch.tensor([t for seq in ids for t in batch[seq]] + [0] * pad, dtype=torch.long)
         logits = self.model.compute_logits(self.model(tokens, meta))

@@ -11,7 +11,7 @@ new contents in the bucket's buffers. On the CPU the same padded forward runs ea
     graphs = MixedGraphs(model, caches, block_size, max_blocks, device, max_decode)
     graphs.capture()                       # CUDA
     key = graphs.bucket(batch)             # None: not a mixed step this can run
-    logits = graphs.forward(batch, key)    # [len(batch), V] fp32, in the batch's row order
+    logits = graphs.forward(batch, key, rows)  # [len(rows), V] fp32: the rows that sample
 """
 
 from __future__ import annotations
@@ -29,6 +29,16 @@ from flashstate.layers.metadata import FLA_CHUNK, ForwardMetadata
 from flashstate.models.base import HybridForCausalLM
 
 PREFILL_SIZES = (64, 128, 256, 512)  # multiples of FLA_CHUNK: a bucket's chunk list is fixed
+# what changes from one step to the next in a bucket's metadata (with the block tables); the rest is its shape
+_PER_STEP = (
+    "positions",
+    "context_lens",
+    "slot_mapping",
+    "state_slots",
+    "has_initial_state",
+    "real_tokens",
+    "last_real",
+)
 
 
 @dataclass(slots=True)
@@ -75,22 +85,16 @@ class MixedGraphs:
             return None  # no bucket, or the pads would run past the widest block table
         return b, t
 
-    def forward(self, batch: ScheduledBatch, key: tuple[int, int]) -> Tensor:
-        """Logits [len(batch), V] (fp32) at each row's last token, in the batch's row order."""
+    def forward(self, batch: ScheduledBatch, key: tuple[int, int], rows: list[int]) -> Tensor:
+        """Logits [len(rows), V] (fp32) at the last token of each batch row in `rows`."""
         b, t = key
         entry = self._entry(b, t)
         p = next(i for i, n in enumerate(batch.num_tokens) if n > 1)
         order = [i for i in range(len(batch)) if i != p]
         tokens, meta = self._padded(batch, order, p, b, t)
         entry.tokens.copy_(tokens)
-        for f in ("positions", "context_lens", "slot_mapping", "state_slots", "has_initial_state"):
+        for f in _PER_STEP:
             getattr(entry.meta, f).copy_(getattr(meta, f))
-        if meta.real_tokens is None:  # the chunk fills its bucket exactly
-            entry.meta.real_tokens.fill_(True)
-            entry.meta.last_real.copy_(meta.cu_seqlens[1:] - 1)
-        else:
-            entry.meta.real_tokens.copy_(meta.real_tokens)
-            entry.meta.last_real.copy_(meta.last_real)
         entry.meta.block_tables.fill_(self.caches.pad_block)
         entry.meta.block_tables[:, : meta.block_tables.shape[1]].copy_(meta.block_tables)
         if entry.graph is not None:
@@ -98,36 +102,31 @@ class MixedGraphs:
             logits = entry.logits
         else:
             logits = self._logits(entry)
-        rows = [0] * len(batch)
-        for j, i in enumerate(order):
-            rows[i] = j
-        rows[p] = b  # the prefill row sits after the B decode-shaped rows
-        return logits[upload(rows, torch.long, self.device)]
+        at = {i: j for j, i in enumerate(order)} | {p: b}  # the chunk's row sits after the B one-token rows
+        return logits[upload([at[i] for i in rows], torch.long, self.device)]
 
     def _padded(
         self, batch: ScheduledBatch, order: list[int], p: int, b: int, t: int
     ) -> tuple[Tensor, ForwardMetadata]:
-        caches, seqs, counts = self.caches, batch.seqs, batch.num_tokens
-        query, context, tables, slots, has, ids = [], [], [], [], [], []
-        for i in [*order, p]:
-            seq, n = seqs[i], counts[i]
-            query.append(n)
-            context.append(seq.num_computed_tokens + n)
-            tables.append(seq.block_table)
-            slots.append(seq.state_slot)
-            has.append(seq.num_computed_tokens > 0)
-            ids.extend(seq.token_ids[seq.num_computed_tokens : seq.num_computed_tokens + n])
-        fill = b - len(order)  # pad rows: token 0 at position 0 into the pad block and slot
-        for lst, v in ((query, 1), (context, 1), (slots, caches.pad_slot), (has, False)):
-            lst[len(order) : len(order)] = [v] * fill
-        tables[len(order) : len(order)] = [[caches.pad_block]] * fill
-        ids[len(order) : len(order)] = [0] * fill
-        pad = t - counts[p]
+        """The batch's one-token rows, pad rows up to B (token 0 at position 0 into the pad block and slot),
+        then the chunk padded to T tokens: input ids and metadata."""
+        pad_block, fill = self.caches.pad_block, b - len(order)
+        seqs = [batch.seqs[i] for i in (*order, p)]
+        counts = [batch.num_tokens[i] for i in (*order, p)]
+
+        def rows(values: list, pad_row: object) -> list:
+            return [*values[:-1], *[pad_row] * fill, values[-1]]
+
+        done = [s.num_computed_tokens for s in seqs]
+        spans = [s.token_ids[d : d + n] for s, d, n in zip(seqs, done, counts, strict=True)]
         meta = ForwardMetadata.build(
-            query, context, tables, self.block_size, slots, has, device=self.device, pad=pad,
-            pad_block=caches.pad_block,
+            rows(counts, 1), rows([d + n for d, n in zip(done, counts, strict=True)], 1),
+            rows([s.block_table for s in seqs], [pad_block]), self.block_size,
+            rows([s.state_slot for s in seqs], self.caches.pad_slot), rows([d > 0 for d in done], False),
+            device=self.device, pad=t - counts[-1], pad_block=pad_block,
         )  # fmt: skip
-        return upload([*ids, *[0] * pad], torch.long, self.device), meta
+        ids = [tok for span in rows(spans, [0]) for tok in span]
+        return upload([*ids, *[0] * (t - counts[-1])], torch.long, self.device), meta
 
     def _entry(self, b: int, t: int) -> _Bucket:
         entry = self._buckets.get((b, t))

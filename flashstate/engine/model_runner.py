@@ -288,10 +288,8 @@ class ModelRunner:
             rows = list(range(n))
             logits = self._decode(batch.seqs)
         elif self.mixed is not None and (key := self.mixed.bucket(batch)) is not None:
-            every = self.mixed.forward(batch, key)
             rows = [i for i in range(n) if batch.samples(i)]
-            if rows:
-                logits = every[upload(rows, torch.long, self.device)]
+            logits = self.mixed.forward(batch, key, rows)
         else:
             input_ids, meta = self.build_metadata(batch)
             hidden = self.model(input_ids, meta)

@@ -17,10 +17,10 @@ For sequence i:
                            FLA's layout: built on the host, so no chunked kernel reads the lengths back
     token_seqs           = the sequence of each flat token (for the short conv)
 
-A padded batch (`build(..., pad=P)`, for fixed shapes) runs P more tokens at the end of its last span: their
-KV goes to the pad block, `real_tokens` masks them out of the recurrent updates (no decay, no write, so
-the state after them is the state after the last real token) and `last_real` is where each span's state,
-conv window and next-token logits are read.
+A padded batch (`build(..., pad=P, pad_block=…)`, P ≥ 0, for fixed shapes) runs P more tokens at the end of
+its last span: their KV goes to the pad block, `real_tokens` masks them out of the recurrent updates (no
+decay, no write, so the state after them is the state after the last real token) and `last_real` is where
+each span's state, conv window and next-token logits are read.
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ class ForwardMetadata:
     spans: tuple[int, bool] | None = None
     chunk_indices: Tensor | None = None  # [C, 2] int64; None for a pure decode batch (no chunked pass)
     token_seqs: Tensor | None = None  # [T] int64; None for a pure decode batch
-    real_tokens: Tensor | None = None  # [T] bool, False on pad tokens; None when nothing is padded
-    last_real: Tensor | None = None  # [N] int64 flat index of each span's last real token; None unpadded
+    real_tokens: Tensor | None = None  # [T] bool, False on pad tokens; None without a pad block
+    last_real: Tensor | None = None  # [N] int64 flat index of each span's last real token; None likewise
 
     @property
     def num_tokens(self) -> int:
@@ -152,7 +152,7 @@ class ForwardMetadata:
         if not decode:
             parts["chunk_indices"] = np.stack([chunk_seq, chunk_pos], 1).reshape(-1)
             parts["token_seqs"] = owner
-        if pad:
+        if pad_block is not None:
             real = np.ones(int(cu[-1]), dtype=np.int64)
             real[int(cu[-1]) - pad :] = 0
             parts["real_tokens"] = real
@@ -167,7 +167,7 @@ class ForwardMetadata:
         views["has_initial_state"] = views["has_initial_state"].bool()
         if not decode:
             views["chunk_indices"] = views["chunk_indices"].view(-1, 2)
-        if pad:
+        if pad_block is not None:
             views["real_tokens"] = views["real_tokens"].bool()
         return cls(
             **views,
