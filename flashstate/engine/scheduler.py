@@ -11,7 +11,8 @@ with more than T tokens left computes at most T a step, so a long prefill leaves
 With `prefill_order` "arrivals-first", while anything waits the running prefills step aside in 1. and take
 what budget the admissions of 2. leave, so an arrival is never queued behind a long prefill, and that prefill
 still fills the step (a prefill step's cost is mostly fixed: splitting it, as the threshold does, costs
-whole steps).
+whole steps); and the running prefills take the budget shortest remaining first, so one with a few tokens
+left (just restored from the host tier, say) does not wait out a long prompt's chunks.
 A sequence whose admission starts a host-tier restore waits in `restoring` (holding its slot and blocks,
 counted in `max_num_seqs`, never preempted) while the others run; each step first polls the restores:
 a finished one joins `running` at the host depth, a failed one goes back to the head of the queue.
@@ -122,16 +123,17 @@ class Scheduler:
         preempted = False
         self._poll_restores()
         deferred: list[Sequence] = []  # running prefills that take the budget after the admissions
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
+        for seq in self._running_order():
+            if budget <= 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:  # preempted below for an earlier one's blocks
+                continue
             if self.arrivals_first and self.waiting and seq.num_uncomputed > 1:
                 deferred.append(seq)
-                i += 1
                 continue
             n = self._chunk(seq, budget)
             while not self.cache.allocate(seq, n):
-                victim = self.running[-1]
+                victim = self._victim(batch)
                 self._preempt(victim)
                 preempted = True
                 if victim is seq:
@@ -139,7 +141,6 @@ class Scheduler:
             else:
                 batch.add(seq, n, self.cache.exports(seq, n))
                 budget -= n
-                i += 1
         while (
             self.waiting
             and budget > 0
@@ -175,7 +176,7 @@ class Scheduler:
             self.running.append(seq)
             batch.add(seq, n, self.cache.exports(seq, n))
             budget -= n
-        for seq in deferred:
+        for seq in sorted(deferred, key=lambda s: s.num_uncomputed):
             # never preempts: sequences admitted above are in the batch (and their admission made room for
             # every running sequence's next blocks); one that finds no blocks waits a step
             n = self._chunk(seq, budget)
@@ -185,6 +186,21 @@ class Scheduler:
         if not batch.seqs and self.restoring:  # nothing else to run: wait for a restore, not spin
             wait_any([s.restore for s in self.restoring], timeout=0.05)
         return batch
+
+    def _running_order(self) -> list[Sequence]:
+        """The order running sequences take the budget in: admission order (fifo); with arrivals-first, the
+        decodes in admission order, then the prefills shortest remaining first, so a sequence with a few
+        tokens left (one just restored from the host tier, say) is not held behind a long prompt's chunks."""
+        if not self.arrivals_first:
+            return list(self.running)
+        decodes = [s for s in self.running if s.num_uncomputed <= 1]
+        prefills = [s for s in self.running if s.num_uncomputed > 1]
+        return decodes + sorted(prefills, key=lambda s: s.num_uncomputed)
+
+    def _victim(self, batch: ScheduledBatch) -> Sequence:
+        """The running sequence to preempt for blocks: the most recently admitted one not yet in `batch`."""
+        scheduled = set(map(id, batch.seqs))
+        return next(s for s in reversed(self.running) if id(s) not in scheduled)
 
     def _chunk(self, seq: Sequence, budget: int) -> int:
         """The tokens `seq` computes this step: what it has left, within the budget and, for a long prefill,

@@ -82,6 +82,39 @@ def test_arrivals_first_admits_ahead_of_a_running_prefill_which_keeps_the_rest(a
     sched.check_integrity()
 
 
+def _long_then_short(num_blocks: int) -> tuple[Scheduler, list[list[tuple[str, int]]]]:
+    """d decodes; long (30 tokens) is admitted, then short (12); arrivals-first, budget 8: the steps."""
+    sched = _scheduler(num_blocks=num_blocks, block_size=4, budget=8, arrivals_first=True)
+    sched.add(_seq("d", 3, max_tokens=30))
+    sched.add(_seq("long", 30))
+    steps = []
+    for i in range(7):
+        if i == 1:
+            sched.add(_seq("short", 12))
+        batch = sched.schedule()
+        steps.append([(s.request_id, n) for s, n in zip(batch.seqs, batch.num_tokens, strict=True)])
+        _advance(sched, batch)
+        sched.check_integrity()
+    return sched, steps
+
+
+def test_arrivals_first_gives_the_budget_to_the_shortest_running_prefill_first():
+    _, steps = _long_then_short(num_blocks=16)
+    assert steps[1] == [("d", 1), ("short", 7)]  # short admitted ahead of long's chunk
+    # nothing waits: short (5 left) goes before long (23 left), which takes what remains
+    assert steps[2] == [("d", 1), ("short", 5), ("long", 2)]
+    assert steps[3] == [("d", 1), ("short", 1), ("long", 6)]
+
+
+def test_a_prefill_short_of_blocks_preempts_one_not_yet_in_the_step():
+    sched, steps = _long_then_short(num_blocks=14)
+    # the decodes of d and short took the last blocks; long, ordered after short, yields its own
+    assert steps[6] == [("d", 1), ("short", 1)]
+    assert [s.request_id for s in sched.running] == ["d", "short"]
+    assert [s.request_id for s in sched.waiting] == ["long"]
+    assert sched.waiting[0].stats.num_preemptions == 1
+
+
 def test_prefill_order_defaults_to_arrivals_first_for_flashstate_alone():
     assert prefill_order(EngineConfig(cache_policy="flashstate")) == "arrivals-first"
     assert prefill_order(EngineConfig(cache_policy="vllm")) == "fifo"
