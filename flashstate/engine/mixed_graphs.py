@@ -27,6 +27,7 @@ from flashstate.engine.cuda_graph import capture_sizes
 from flashstate.engine.scheduler import ScheduledBatch
 from flashstate.layers.metadata import FLA_CHUNK, ForwardMetadata
 from flashstate.models.base import HybridForCausalLM
+from flashstate.ops.fla_cache import fla_tensor_cache_off
 
 PREFILL_SIZES = (64, 128, 256, 512)  # multiples of FLA_CHUNK: a bucket's chunk list is fixed
 # what changes from one step to the next in a bucket's metadata (with the block tables); the rest is its shape
@@ -160,7 +161,7 @@ class MixedGraphs:
         """Capture every bucket (largest first: later graphs fit in its memory pool)."""
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
+        with torch.cuda.stream(stream), fla_tensor_cache_off():
             for b in reversed(self.decode_sizes):
                 for t in reversed(self.prefill_sizes):
                     entry = self._entry(b, t)

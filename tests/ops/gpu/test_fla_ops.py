@@ -156,3 +156,17 @@ def test_the_metadatas_chunk_indices_are_flas_and_change_no_result():
             runs.append((out, p, exported))
         for a, b in zip(*runs, strict=True):
             assert torch.equal(a, b), op.__name__
+
+
+def test_fla_index_helpers_are_recomputed_while_the_tensor_cache_is_off():
+    from fla.ops.utils.index import prepare_chunk_offsets
+
+    from flashstate.ops.fla_cache import fla_tensor_cache_off
+
+    cu = torch.tensor([0, 70, 200], dtype=torch.long, device="cuda")
+    cached = prepare_chunk_offsets(cu, 64)
+    assert prepare_chunk_offsets(cu, 64) is cached  # FLA's memo, by the identity of cu
+    with fla_tensor_cache_off():
+        fresh = prepare_chunk_offsets(cu, 64)
+    assert fresh is not cached and torch.equal(fresh, cached)
+    assert fresh.tolist() == [0, 2, 5]
