@@ -10,7 +10,10 @@ short-lived objects are promoted. `GcPauses` counts the collections and their ti
 from __future__ import annotations
 
 import gc
+import os
 import time
+
+from flashstate.gc_census import GcCensus
 
 # Python's default is 2,000 (3.13) or 700 (3.12 and before). A young collection walks every element of the
 # young lists (a prompt's token ids among them). At 50,000 the H200 headline's server paused 32 times in
@@ -29,7 +32,7 @@ def for_serving() -> int:
     _, gen1, gen2 = gc.get_threshold()
     gc.set_threshold(GEN0_THRESHOLD, gen1, gen2)
     if _serving is None:
-        _serving = GcPauses().install()
+        _serving = GcPauses(census=os.environ.get("FLASHSTATE_GC_CENSUS") == "1").install()
     return gc.get_freeze_count()
 
 
@@ -44,7 +47,8 @@ class GcPauses:
 
     LONG = 0.05  # a pause this long counts as long
 
-    def __init__(self) -> None:
+    def __init__(self, census: bool = False) -> None:
+        self.census = GcCensus() if census else None
         self.count = [0, 0, 0]
         self.long = [0, 0, 0]
         self.seconds = [0.0, 0.0, 0.0]
@@ -61,6 +65,8 @@ class GcPauses:
 
     def _on_gc(self, phase: str, info: dict) -> None:
         if phase == "start":
+            if self.census is not None and info["generation"] < 2:
+                self.census.take(info["generation"])
             self._start = time.perf_counter()
             return
         g, pause = info["generation"], time.perf_counter() - self._start

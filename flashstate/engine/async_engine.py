@@ -140,6 +140,8 @@ class AsyncEngine:
             logger.info("threads' CPU seconds: %s", describe(thread_cpu_seconds()))
             if (pauses := serving_pauses()) is not None:
                 logger.info("garbage collector pauses: %s", pauses.describe())
+                if pauses.census is not None:
+                    logger.info("garbage collector census: %s", pauses.census.describe())
         self._stopped = True
         self._wake.set()
         self._thread.join(timeout=10)
