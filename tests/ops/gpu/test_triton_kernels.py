@@ -20,6 +20,9 @@ from flashstate.ops.ssd import naive as ssd_naive  # noqa: E402
 from flashstate.ops.ssd.decode_triton import ssd_decode_in_place  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
+# fp32 paged attention against the fp32 oracle: tf32 dots on the H200 land at 1e-3 to 2.2e-3 relative
+# (measured, 2026-11-30); a wrong key or mask is off by orders more
+TF32_REL = 5e-3
 
 
 def rel(a, b):
@@ -104,7 +107,7 @@ def test_paged_attention_matches_oracle(q_lens, ctx, hq, hkv, d, dv, page, kw):
         block_n=16,
         **kw,
     )
-    assert rel(out, ref) < 1e-3  # tf32 dots on a GPU; fp32 in the interpreter
+    assert rel(out, ref) < TF32_REL  # tf32 dots on a GPU; fp32 in the interpreter
 
 
 def test_store_kv_writes_flat_slots():
@@ -199,7 +202,7 @@ def test_paged_attention_over_a_latent_cache_matches_oracle(q_lens, ctx, d, dv, 
         q.to(DEV), kc_dev, kc_dev[..., :dv], cu_seqlens=cu.to(DEV), context_lens=cl.to(DEV),
         block_tables=bt.to(DEV), scale=0.05, block_m=16, block_n=16, **kw,
     )  # fmt: skip
-    assert rel(out, ref) < 1e-3
+    assert rel(out, ref) < TF32_REL
 
 
 def test_conv_keeps_the_window_at_each_spans_last_real_token():
