@@ -18,13 +18,16 @@ class GcCensus:
         self.objects: collections.Counter[str] = collections.Counter()
         self.elements: collections.Counter[str] = collections.Counter()
         self.largest: list[tuple[int, str]] = []  # (elements, description), the largest containers seen
+        self.tensors: collections.Counter[str] = collections.Counter()  # "cuda int64 1-d view", ...
 
     def take(self, generation: int) -> None:
         self.collections += 1
         for obj in gc.get_objects(generation):
             name = type(obj).__name__
             self.objects[name] += 1
-            if isinstance(obj, _CONTAINERS):
+            if name == "Tensor":
+                self.tensors[_kind(obj)] += 1
+            elif isinstance(obj, _CONTAINERS):
                 n = len(obj)
                 self.elements[name] += n
                 if n >= 1000:
@@ -38,9 +41,10 @@ class GcCensus:
         by_objects = ", ".join(f"{t} {n / c:.0f}" for t, n in self.objects.most_common(6))
         by_elements = ", ".join(f"{t} {n / c:.0f}" for t, n in self.elements.most_common(4))
         largest = ", ".join(f"{d} ×{n}" for n, d in self.largest[:6])
+        tensors = ", ".join(f"{k} {n / c:.0f}" for k, n in self.tensors.most_common(6))
         return (
             f"{c} collections; objects per collection: {by_objects}; container elements per collection: "
-            f"{by_elements}; largest containers: {largest}"
+            f"{by_elements}; largest containers: {largest}; tensors per collection: {tensors or 'none'}"
         )
 
 
@@ -50,3 +54,9 @@ def _describe(obj: Sized) -> str:
         k, v = next(iter(obj.items()))
         return f"{type(obj).__name__}[{type(k).__name__}, {type(v).__name__}]"
     return f"{type(obj).__name__}[{type(next(iter(obj))).__name__}]"
+
+
+def _kind(t: object) -> str:
+    """`cuda int64 1-d view`: a tensor's device, dtype and rank, and whether it views another's storage."""
+    view = " view" if getattr(t, "_base", None) is not None else ""
+    return f"{t.device.type} {str(t.dtype).removeprefix('torch.')} {t.dim()}-d{view}"

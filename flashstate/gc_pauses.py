@@ -53,6 +53,7 @@ class GcPauses:
         self.long = [0, 0, 0]
         self.seconds = [0.0, 0.0, 0.0]
         self.longest = [0.0, 0.0, 0.0]
+        self.collected = [0, 0, 0]  # unreachable objects freed: cyclic garbage, not growth
         self._start = 0.0
 
     def install(self) -> GcPauses:
@@ -71,6 +72,7 @@ class GcPauses:
             return
         g, pause = info["generation"], time.perf_counter() - self._start
         self.count[g] += 1
+        self.collected[g] += info["collected"]
         self.seconds[g] += pause
         self.longest[g] = max(self.longest[g], pause)
         self.long[g] += pause >= self.LONG
@@ -78,7 +80,8 @@ class GcPauses:
     def describe(self) -> str:
         return ", ".join(
             f"gen{g} {self.count[g]} × {1e3 * self.seconds[g] / max(self.count[g], 1):.2f} ms "
-            f"(longest {1e3 * self.longest[g]:.1f} ms, {self.long[g]} over {1e3 * self.LONG:.0f} ms)"
+            f"(longest {1e3 * self.longest[g]:.1f} ms, {self.long[g]} over {1e3 * self.LONG:.0f} ms, "
+            f"{self.collected[g]} objects collected)"
             for g in range(3)
         )
 

@@ -28,12 +28,30 @@ def test_pauses_are_counted_per_generation_while_installed():
     assert text.startswith("gen0 ") and "gen2 " in text and "longest" in text and "over 50 ms" in text
 
 
+def test_cyclic_garbage_freed_by_a_collection_is_counted():
+    class Node:
+        pass
+
+    gc.collect()
+    pauses = GcPauses().install()
+    try:
+        for _ in range(10):
+            a, b = Node(), Node()
+            a.other, b.other = b, a  # a cycle: only the collector frees it
+        del a, b
+        gc.collect(0)
+    finally:
+        pauses.uninstall()
+    assert pauses.collected[0] >= 20  # 10 pairs of nodes (and their __dict__s)
+    assert "objects collected" in pauses.describe()
+
+
 def test_a_pause_over_50_ms_counts_as_long():
     pauses = GcPauses()
     for seconds in (0.01, 0.06, 0.2):
         pauses._on_gc("start", {"generation": 0})
         pauses._start -= seconds  # as if the collection had started that long ago
-        pauses._on_gc("stop", {"generation": 0})
+        pauses._on_gc("stop", {"generation": 0, "collected": 0})
     assert pauses.count[0] == 3 and pauses.long[0] == 2 and pauses.longest[0] >= 0.2
 
 
