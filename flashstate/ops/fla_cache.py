@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Iterator
 
 
@@ -13,8 +12,9 @@ def fla_tensor_cache_off() -> Iterator[None]:
     A graph captured while that cache holds an entry from an eager run replays reading the cached tensor,
     which the graph does not own: once FLA drops it, its memory is reused and the replay reads garbage. Off
     while warming up and capturing, every helper runs inside the graph, on the graph's own memory."""
-    fla_utils = sys.modules.get("fla.utils")
-    if fla_utils is None:  # FLA not loaded (CPU kernels): nothing is cached
+    try:  # imported here: graphs are captured before the first prefill imports FLA, and warm-ups fill it
+        import fla.utils as fla_utils
+    except ImportError:  # no FLA (CPU kernels): nothing is cached
         yield
         return
     before = fla_utils.FLA_DISABLE_TENSOR_CACHE
