@@ -76,8 +76,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         choices=PREFILL_ORDERS,
         default=d.prefill_order,
         help="fifo (vLLM's): running requests' prefill chunks before admitting new ones; arrivals-first: "
-        "decodes, then admissions, then running prefills with the budget left, so a long prefill never "
-        "holds arrivals in the queue (default: arrivals-first for --cache-policy flashstate, else fifo)",
+        "decodes, then admissions, then running prefills shortest remaining first with the budget left, so a "
+        "long prefill never holds arrivals or short prefills back (default: arrivals-first for "
+        "--cache-policy flashstate, else fifo)",
     )
     g.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV block")
     g.add_argument(

@@ -26,8 +26,8 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     long_prefill_token_threshold: int = 0  # a longer prefill takes at most this many tokens a step (0: off)
     # "fifo" (vLLM's): running sequences' chunks, then admissions; "arrivals-first": decodes, admissions, then
-    # running prefills with the budget left. None: arrivals-first for the flashstate policy, fifo for the
-    # policies that stand for other engines.
+    # running prefills, shortest remaining first, with the budget left. None: arrivals-first for the
+    # flashstate policy, fifo for the policies that stand for other engines.
     prefill_order: str | None = None
     block_size: int = 16
     kv_cache_memory_bytes: int | None = None  # KV + state budget; default from gpu_memory_utilization
