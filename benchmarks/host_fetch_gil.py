@@ -7,7 +7,8 @@ pool (zlib's crc32 releases the GIL) and makes its tensor views: every object gi
 back, and a thread that wants it back waits up to the interpreter's switch interval (`sys.setswitchinterval`,
 5 ms by default; `flashstate serve --gil-switch-interval-ms`, 1 ms) for a busy holder to drop it.
 
-    PYTHONPATH=. python benchmarks/host_fetch_gil.py [--tokens 24000] [--switch-interval 0.001]
+    PYTHONPATH=. python benchmarks/host_fetch_gil.py [--tokens 24000] [--switch-interval 0.001] \
+        [--chunk-tokens 1024]
 
 Prints one row: the fetch's median wall time with the GIL idle and beside a busy Python thread, the object
 count, and the busy thread's rounds a second while the fetches ran.
@@ -50,6 +51,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=20000)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--switch-interval", type=float, default=None, help="sys.setswitchinterval (s)")
+    p.add_argument("--chunk-tokens", type=int, default=256, help="tokens per chunk object")
     p.add_argument("--out", default=None, help="JSON file for the rows")
     args = p.parse_args()
     if args.switch_interval is not None:
@@ -57,7 +59,8 @@ def main() -> None:
     model = Path(tempfile.mkdtemp()) / "tiny"
     materialize("tiny", model, seed=0)
     llm = LLM(str(model), device="cpu", max_num_batched_tokens=4096, kv_cache_memory_bytes=1 << 30,
-              host_cache_bytes=2 << 30, max_model_len=args.tokens + 64)  # fmt: skip
+              host_cache_bytes=2 << 30, max_model_len=args.tokens + 64,
+              host_chunk_tokens=args.chunk_tokens)  # fmt: skip
     prompt = [(7 * i) % 1000 + 10 for i in range(args.tokens)]
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))[0]
     tier = llm.engine.host

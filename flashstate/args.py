@@ -230,6 +230,13 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
         "for mooncake, the memory this engine lends to the store's pool)",
     )
     h.add_argument(
+        "--host-chunk-tokens",
+        type=int,
+        default=d.host_chunk_tokens,
+        help="tokens of KV per shared chunk object in the host tier, rounded down to whole blocks (default "
+        f"{d.host_chunk_tokens}); larger: fewer objects per restore, less sharing between branching states",
+    )
+    h.add_argument(
         "--mooncake-master",
         default=d.mooncake_master,
         metavar="HOST:PORT",

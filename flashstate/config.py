@@ -52,6 +52,9 @@ class EngineConfig:
     # Host tier (DESIGN.md §2.3): None (off) | memory (embedded store) | mooncake (mooncake_master store).
     host_cache: str | None = None
     host_cache_bytes: int | None = None  # host tier capacity (alone: turns the memory tier on); None: 4 GiB
+    # tokens of KV per shared chunk object (rounded down to whole blocks, at least one): fewer, larger objects
+    # make a restore fewer store reads and checksums; smaller ones share more between branching states
+    host_chunk_tokens: int = 256
     mooncake_master: str | None = None  # HOST:PORT of a running mooncake_master (host_cache="mooncake")
     # Server.
     host: str = "127.0.0.1"
@@ -142,6 +145,7 @@ class EngineConfig:
             "max_waiting_requests",
             "tensor_parallel_size",
             "host_cache_bytes",
+            "host_chunk_tokens",
             "max_request_body_bytes",
         ):
             positive(name)

@@ -74,7 +74,9 @@ def host_tier(
     """The host tier the config asks for, holding what the real one may fill."""
     if config.host_tier is None:
         return None
-    return SimHostTier(spec, dtype, config.block_size, host_capacity(config)[1], cost, clock)
+    return SimHostTier(
+        spec, dtype, config.block_size, host_capacity(config)[1], cost, clock, config.host_chunk_tokens
+    )
 
 
 class SimEngine:

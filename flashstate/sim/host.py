@@ -76,8 +76,9 @@ class SimHostTier:
         capacity: int,
         cost: PrefillCost,
         clock: Callable[[], float],
+        chunk: int,
     ):
-        self.layout = HostLayout("simulated", chunk_tokens(block_size))
+        self.layout = HostLayout("simulated", chunk_tokens(block_size, chunk))
         self.token_bytes = kv_bytes_per_block(spec, 1, dtype)
         self.state_bytes = state_bytes_per_slot(spec, dtype)
         self.chunk_bytes = self.layout.chunk_tokens * self.token_bytes

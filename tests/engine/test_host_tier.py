@@ -87,6 +87,25 @@ def test_host_restores_equal_full_recompute(tiny_model_dir, plain, backend, requ
     cached.engine.close()
 
 
+def test_larger_chunk_objects_restore_equal_full_recompute_in_fewer_objects(tiny_model_dir, plain):
+    """--host-chunk-tokens: 102 tokens round down to 100 (25 blocks of 4); restores read ~depth / 100 chunk
+    objects and give what full recompute gives."""
+    cached = LLM(tiny_model_dir, **ENGINE, host_cache_bytes=64 << 20, host_chunk_tokens=102)
+    got = _capture(cached)
+    agents = Agents(cached.engine.spec.vocab_size, seed=2)
+    host = cached.engine.host
+    assert host.layout.chunk_tokens == 100
+    for _ in range(3):
+        outs = _check_round(cached, got, plain, agents.contexts)
+        _drop_gpu_cache(cached)
+        tokens = [c + o.token_ids for c, o in zip(agents.contexts, outs, strict=True)]
+        hits = [host.lookup(t, len(t)) for t in tokens]
+        assert all(h is not None and len(h.chunks) == h.depth // 100 for h in hits)
+        agents.advance([o.token_ids for o in outs])
+    assert host.stats.restores == 6 and host.stats.misses_corrupt == host.stats.misses_dropped == 0
+    cached.engine.close()
+
+
 def test_mla_latent_cache_restores_from_the_host_equal_full_recompute():
     # Kimi-Linear's MLA caches one latent per token, its value a view into its key: the host objects
     # carry that memory once, and a restore rebuilds both.

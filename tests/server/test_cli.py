@@ -91,6 +91,7 @@ def test_every_engine_config_field_has_a_flag_with_help():
         (["--mooncake-master", "h:1"], "mooncake_master needs host_cache='mooncake'"),
         (["--prefill-cost-coefficients", "-1", "0"], "non-negative"),
         (["--max-waiting-requests", "0"], "max_waiting_requests must be >= 1"),
+        (["--host-chunk-tokens", "0"], "host_chunk_tokens must be >= 1"),
         (["--gil-switch-interval-ms", "0"], "gil_switch_interval_ms must be in (0, 1000]"),
         (["--port", "70000"], "port must be in"),
         (["a", "--model", "b"], "two models given"),

@@ -23,7 +23,7 @@ class Clock:
 def _tier(capacity: int = 64 << 30) -> tuple[SimHostTier, Clock]:
     clock = Clock()
     spec = model_spec("qwen3-next-2b")
-    return SimHostTier(spec, torch.bfloat16, 64, capacity, PrefillCost(1e-5, 1e-10), clock), clock
+    return SimHostTier(spec, torch.bfloat16, 64, capacity, PrefillCost(1e-5, 1e-10), clock, 256), clock
 
 
 def test_a_written_state_is_found_once_its_write_has_landed():

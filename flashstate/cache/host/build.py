@@ -15,13 +15,13 @@ from flashstate.config import EngineConfig
 from flashstate.engine.cache_tensors import CacheTensors
 
 DEFAULT_HOST_CACHE_BYTES = 4 << 30
-CHUNK_TOKENS = 256  # rounded to whole KV blocks
 # The Mooncake master starts evicting at 90% of the pool; the tier keeps below that.
 MOONCAKE_FILL = 0.85
 STAGING_BYTES = 4 << 30  # restores in flight from a store with pageable reads; a larger one copies directly
 
 
-def chunk_tokens(block_size: int, target: int = CHUNK_TOKENS) -> int:
+def chunk_tokens(block_size: int, target: int) -> int:
+    """`target` tokens rounded down to whole KV blocks, at least one block."""
     return max(target // block_size, 1) * block_size
 
 
@@ -39,7 +39,7 @@ def build_host_tier(
         return None
     spec = model.spec
     dtype = next(model.parameters()).dtype
-    chunk = chunk_tokens(config.block_size)
+    chunk = chunk_tokens(config.block_size, config.host_chunk_tokens)
     transfer = StateTransfer(caches, config.block_size)
     shapes = [str(s) for s in transfer.state_specs(1)]
     layout = HostLayout(model_fingerprint(model, spec, dtype, config.block_size, chunk, shapes), chunk)
