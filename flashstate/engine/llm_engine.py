@@ -268,8 +268,9 @@ class LLMEngine:
     # stop_token_ids) runs step n+1 into the pad block and slot, so its KV and the state the prefix cache
     # commits at its end are untouched; its step-n+1 row is dropped when read, as is the row of a request
     # aborted meanwhile. Anything else that could make step n+1 differ from what `schedule()` would pick
-    # (stop strings, which need text; a waiting request that could be admitted; a sequence outside the
-    # batch; a block the cache cannot give without preempting) makes the engine read step n first.
+    # (stop strings, which need text; a waiting request that could be admitted; a host restore whose fetch
+    # has finished; a sequence outside the batch; a block the cache cannot give without preempting) makes
+    # the engine read step n first.
 
     def _may_pipeline(self) -> bool:
         return (
@@ -296,6 +297,8 @@ class LLMEngine:
         give; its blocks allocated. None: read `batch` first and let the scheduler decide."""
         sched = self.scheduler
         if sched.waiting and len(sched.running) < sched.max_num_seqs:
+            return None
+        if sched.restore_ready():  # a fetched state joins at the next schedule(), not after the pipeline
             return None
         seqs = [s for s in batch.seqs if not s.is_finished]
         if len(seqs) != len(sched.running):

@@ -210,6 +210,10 @@ class Scheduler:
             n = self.long_prefill_token_threshold
         return min(n, budget)
 
+    def restore_ready(self) -> bool:
+        """A restore in flight has fetched its state: the next `schedule()` moves its sequence to running."""
+        return any(s.restore is not None and s.restore.ready() for s in self.restoring)
+
     def _poll_restores(self) -> None:
         for seq in list(self.restoring):
             restore = seq.restore

@@ -7,6 +7,7 @@ step for them is in flight, and more requests than max_num_seqs."""
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import pytest
 
@@ -114,4 +115,31 @@ def test_abort_while_a_step_for_the_request_is_in_flight(tiny_model_dir):
     sync = _engine(tiny_model_dir, False)
     want = sync.generate([[3 + i, 9, 27, 81 % 50, 11] for i in (0, 2)], params)
     assert [outs[ids[0]][-1].token_ids, outs[ids[2]][-1].token_ids] == [o.token_ids for o in want]
+    _assert_pools_full(llm)
+
+
+def test_a_fetched_host_restore_stops_the_decode_pipeline(tiny_model_dir):
+    """Decode steps launched ahead skip `schedule()`, which is what moves a restored sequence to running: once
+    a restore's fetch is done the engine reads the step in flight and schedules, instead of launching on."""
+    llm = _engine(tiny_model_dir, True)
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    for i in range(2):
+        engine.add_request([3 + i, 9, 27, 11], params)
+    while engine._in_flight is None:
+        engine.step()
+    fetched = [False]
+    restoring = SimpleNamespace(restore=SimpleNamespace(ready=lambda: fetched[0]))
+    engine.scheduler.restoring.append(restoring)  # stands for a sequence whose state is being fetched
+    engine.step()
+    assert engine._in_flight is not None  # still fetching: the pipeline goes on
+    fetched[0] = True
+    engine.step()
+    assert engine._in_flight is None  # the step in flight was read; the next one is scheduled
+    engine.scheduler.restoring.remove(restoring)
+    outs = []
+    while engine.has_unfinished():
+        outs += [o for o in engine.step() if o.finished]
+    want = _engine(tiny_model_dir, False).generate([[3 + i, 9, 27, 11] for i in range(2)], params)
+    assert sorted(o.token_ids for o in outs) == sorted(o.token_ids for o in want)
     _assert_pools_full(llm)

@@ -48,6 +48,10 @@ class HostRestore:
     def depth(self) -> int:
         return self.hit.depth
 
+    def ready(self) -> bool:
+        """The fetch has finished: `poll` would not answer PENDING (reads nothing, issues nothing)."""
+        return self.future.done()
+
     def poll(self) -> RestorePhase:
         """Engine thread: advance the restore as far as it can go without waiting. READY once the copies
         are issued: the engine's current stream waits for them, so whatever it runs next reads the state."""
