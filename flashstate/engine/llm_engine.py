@@ -261,7 +261,6 @@ class LLMEngine:
         return batch, self._postprocess(batch, out.token_ids, out.logprobs, out.seconds)
 
     # ---- async scheduling: launch step n+1 while step n runs ---------------------------------------
-    #
     # Step n (a pure decode batch) is on the device. Before reading its tokens, the sequences that surely
     # go on (not at max_tokens) get their next block allocated and step n+1 is launched, its inputs being
     # step n's sampled tokens on the device. A sequence whose step-n token is a stop id (eos or
@@ -296,9 +295,7 @@ class LLMEngine:
         """The decode batch after `batch` (whose tokens are not read yet), if it is what `schedule()` would
         give; its blocks allocated. None: read `batch` first and let the scheduler decide."""
         sched = self.scheduler
-        if sched.waiting and len(sched.running) < sched.max_num_seqs:
-            return None
-        if sched.restore_ready():  # a fetched state joins at the next schedule(), not after the pipeline
+        if (sched.waiting and len(sched.running) < sched.max_num_seqs) or sched.restore_ready():
             return None
         seqs = [s for s in batch.seqs if not s.is_finished]
         if len(seqs) != len(sched.running):
