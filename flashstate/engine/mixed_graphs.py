@@ -50,28 +50,23 @@ class _Bucket:
     graph: torch.cuda.CUDAGraph | None = None
 
 
-class MixedGraphs:
+class MixedBuckets:
+    """The (B, T) shapes mixed steps are padded to, and the one a batch takes (shapes alone: the simulator
+    asks it too)."""
+
     def __init__(
         self,
-        model: HybridForCausalLM,
-        caches: CacheTensors,
         block_size: int,
         max_blocks_per_seq: int,
-        device: torch.device,
         max_decode: int,
         prefill_sizes: tuple[int, ...] = PREFILL_SIZES,
     ):
         if any(t % FLA_CHUNK for t in prefill_sizes):
             raise ValueError(f"prefill sizes must be multiples of {FLA_CHUNK}, got {prefill_sizes}")
-        self.model = model
-        self.caches = caches
         self.block_size = block_size
         self.width = max_blocks_per_seq
-        self.device = device
         self.decode_sizes = capture_sizes(max_decode)
         self.prefill_sizes = sorted(prefill_sizes)
-        self._buckets: dict[tuple[int, int], _Bucket] = {}
-        self._pool = None
 
     def bucket(self, batch: ScheduledBatch) -> tuple[int, int] | None:
         """(B, T) of a batch with no exports, exactly one row of more than one token (at most the largest
@@ -85,6 +80,25 @@ class MixedGraphs:
         if t is None or b is None or -(-(seq.num_computed_tokens + t) // self.block_size) > self.width:
             return None  # no bucket, or the pads would run past the widest block table
         return b, t
+
+
+class MixedGraphs(MixedBuckets):
+    def __init__(
+        self,
+        model: HybridForCausalLM,
+        caches: CacheTensors,
+        block_size: int,
+        max_blocks_per_seq: int,
+        device: torch.device,
+        max_decode: int,
+        prefill_sizes: tuple[int, ...] = PREFILL_SIZES,
+    ):
+        super().__init__(block_size, max_blocks_per_seq, max_decode, prefill_sizes)
+        self.model = model
+        self.caches = caches
+        self.device = device
+        self._buckets: dict[tuple[int, int], _Bucket] = {}
+        self._pool = None
 
     def forward(self, batch: ScheduledBatch, key: tuple[int, int], rows: list[int]) -> Tensor:
         """Logits [len(rows), V] (fp32) at the last token of each batch row in `rows`."""

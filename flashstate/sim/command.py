@@ -59,6 +59,7 @@ def make_engines(
             profile.decode,
             clock=lambda: loop.now,
             prefill_step_s=profile.prefill_step_s,
+            graphed_step_s=profile.graphed_step_s,
         )
         for _ in range(n)
     ]

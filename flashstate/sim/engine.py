@@ -27,6 +27,7 @@ from flashstate.cache.memory_plan import CachePlan, plan_cache, vllm_page_pool
 from flashstate.cache.policy import build_policy
 from flashstate.cache.state_pool import StatePool
 from flashstate.config import EngineConfig
+from flashstate.engine.mixed_graphs import MixedBuckets
 from flashstate.engine.scheduler import ScheduledBatch, Scheduler
 from flashstate.engine.sequence import RequestStats, Sequence
 from flashstate.engine.step_trace import request_row, step_shape
@@ -90,9 +91,15 @@ class SimEngine:
         clock: Callable[[], float],
         max_token_id: int = 256,
         prefill_step_s: float = 0.0,
+        graphed_step_s: float | None = None,
     ):
         self.config = config
         self.prefill, self.decode, self.prefill_step_s = prefill, decode, prefill_step_s
+        if config.mixed_step_graphs and graphed_step_s is None:
+            raise ValueError(
+                "--mixed-step-graphs: the profile has no prefill.graphed_step_s (a graphed mixed step's cost)"
+            )
+        self.graphed_step_s = graphed_step_s
         torch_dtype = DTYPES[dtype]
         budget = config.kv_cache_memory_bytes or config.cpu_cache_memory_bytes
         self.plan: CachePlan = plan_cache(spec, config, torch_dtype, budget)
@@ -114,6 +121,11 @@ class SimEngine:
         )
         self.max_model_len = config.max_model_len or spec.max_position_embeddings
         self.scheduler = Scheduler.from_config(self.cache, config, self.max_model_len)
+        self.buckets = (
+            MixedBuckets(config.block_size, -(-self.max_model_len // config.block_size), config.max_num_seqs)
+            if config.mixed_step_graphs
+            else None
+        )
         self._clock = clock
         self._max_token_id = max_token_id
         self._requests: dict[int, SimRequest] = {}  # by id(seq)
@@ -157,7 +169,9 @@ class SimEngine:
         if not batch.seqs:
             return None
         self.busy = True
-        seconds = step_seconds(batch, self.prefill, self.decode, self.prefill_step_s)
+        graphed = self.buckets is not None and self.buckets.bucket(batch) is not None
+        fixed = self.graphed_step_s if graphed else self.prefill_step_s
+        seconds = step_seconds(batch, self.prefill, self.decode, fixed)
         self.steps += 1
         self.busy_seconds += seconds
         self._record(self._clock(), seconds, batch)

@@ -6,14 +6,16 @@
      "engine_args": ["--max-num-seqs", "64", ...]   `flashstate serve` flags, before --serve-args,
      "prefill": {"a", "b", "points": [[tokens, seconds], ...], "step_s"}   C(n) = a·n + b·n²; a, b fitted
                 from the points when absent; step_s (optional, 0): the fixed cost of a step that prefills
-                anything (the eager forward's host work, which decode steps replay from CUDA graphs),
+                anything (the eager forward's host work, which decode steps replay from CUDA graphs);
+                graphed_step_s (optional): that cost for a mixed step run as a CUDA graph
+                (--mixed-step-graphs, for the steps engine/mixed_graphs.py's buckets take),
      "decode": {"base_s", "per_seq_s", "per_token_s"}   one decode step of B sequences holding T context
                 tokens in all: base_s + per_seq_s·B + per_token_s·T,
      "provenance": where the numbers come from}
 
 A step of the engine takes the prefill time of its chunks (a chunk of n tokens resuming at depth p costs
-C(p + n) − C(p)), plus step_s when it prefills anything, plus, when it decodes, the decode step time of its
-decoding sequences.
+C(p + n) − C(p)), plus step_s (graphed_step_s for a graphed one) when it prefills anything, plus, when it
+decodes, the decode step time of its decoding sequences.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class Profile:
     provenance: str
     path: str
     prefill_step_s: float = 0.0
+    graphed_step_s: float | None = None  # None: graphed mixed steps not measured for this profile
 
     def serve_args(self) -> list[str]:
         """The engine flags this profile stands for (later flags override them)."""
@@ -74,6 +77,7 @@ class Profile:
             "prefill_a": self.prefill.a,
             "prefill_b": self.prefill.b,
             "prefill_step_s": self.prefill_step_s,
+            "graphed_step_s": self.graphed_step_s,
             "decode": {
                 "base_s": self.decode.base_s,
                 "per_seq_s": self.decode.per_seq_s,
@@ -145,4 +149,5 @@ def load_profile(name_or_path: str | None = None) -> Profile:
         provenance=str(doc.get("provenance", "")),
         path=where,
         prefill_step_s=_num(doc["prefill"], "step_s", f"{where}.prefill", False) or 0.0,
+        graphed_step_s=_num(doc["prefill"], "graphed_step_s", f"{where}.prefill", False),
     )

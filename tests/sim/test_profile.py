@@ -53,6 +53,7 @@ def test_user_profile_fits_prefill_from_points(tmp_path):
         ({"prefill": {"points": [[1000, 0.01]]}}, "prefill"),
         ({"decode": {"base_s": -1, "per_seq_s": 0, "per_token_s": 0}}, "base_s"),
         ({"engine_args": "--max-num-seqs 4"}, "engine_args"),
+        ({"prefill": {"a": 1e-6, "b": 1e-11, "graphed_step_s": -1}}, "graphed_step_s"),
     ],
 )
 def test_bad_profile_names_the_field(tmp_path, change, field):
