@@ -39,11 +39,15 @@ class PagedHarness:
 
     @torch.no_grad()
     def step(
-        self, batch: dict[int, list[int]], exports: list[tuple[int, int, int]] | None = None, pad: int = 0
+        self,
+        batch: dict[int, list[int]],
+        exports: list[tuple[int, int, int]] | None = None,
+        pad: int | list[int] = 0,
     ) -> list[Tensor]:
         """Feed new tokens per sequence id (a sequence id's slot is the id itself); returns per-sequence
         logits [L, vocab]. `exports`: (sequence id, tokens of its span, destination slot). `pad`: tokens
-        run after the last sequence's (ForwardMetadata's padding; their logits are not returned)."""
+        run after the last sequence's, or a list: after each one's (ForwardMetadata's padding; their logits
+        are not returned)."""
         self.caches.bind(self.model)  # another harness on the same model may have rebound its caches
         ids = list(batch)
         query, context, tables, slots = [], [], [], []
@@ -65,13 +69,14 @@ class PagedHarness:
             pad=pad,
             pad_block=self.caches.pad_block if pad else None,
         )
-        tokens = torch.tensor([t for seq in ids for t in batch[seq]] + [0] * pad, dtype=torch.long)
+        pads = pad if isinstance(pad, list) else [0] * (len(ids) - 1) + [pad]
+        spans = [batch[s] + [0] * p for s, p in zip(ids, pads, strict=True)]
+        tokens = torch.tensor([t for span in spans for t in span], dtype=torch.long)
         logits = self.model.compute_logits(self.model(tokens, meta))
         for seq, total in zip(ids, context, strict=True):
             self.lens[seq] = total
         cu = meta.cu_seqlens.tolist()
-        cu[-1] -= pad
-        return [logits[cu[i] : cu[i + 1]] for i in range(len(ids))]
+        return [logits[cu[i] : cu[i + 1] - pads[i]] for i in range(len(ids))]
 
     def fork(self, src: int, dst: int, from_slot: int | None = None, length: int | None = None) -> None:
         """Start sequence `dst` from the KV of `src`'s first `length` tokens and the state in `from_slot`
@@ -90,17 +95,18 @@ class PagedHarness:
 
 
 def assert_padding_is_inert(model: HybridForCausalLM, a: list[int], b: list[int]) -> None:
-    """Pad tokens after a batch's last span (a fresh prefill, then one over a cached prefix, each beside a
-    decoding row) change no real logit, and leave the states and KV the next, unpadded steps read."""
+    """Pad tokens after a batch's last span, or after each span (a fresh prefill, then one over a cached
+    prefix, each beside a decoding row) change no real logit, and leave the states and KV the next, unpadded
+    steps read."""
     runs = []
-    for pad in (0, 13):
+    for pad in (0, 13, [5, 13]):
         h = PagedHarness(model)
         out = h.step({0: a[:9]})
         out += h.step({0: a[9:10], 1: b[:11]}, pad=pad)
         out += h.step({1: b[11:12], 0: a[10:17]}, pad=pad)
         out += h.step({0: a[17:18], 1: b[12:18]})
         runs.append(torch.cat(out))
-    assert rel_err(runs[1], runs[0]) < 1e-6
+    assert rel_err(runs[1], runs[0]) < 1e-6 and rel_err(runs[2], runs[0]) < 1e-6
     assert rel_err(runs[0][1:], runs[0][:-1]) > 0.1  # not trivially equal
 
 

@@ -1,12 +1,13 @@
-"""MixedGraphs: mixed steps (decode rows plus one short prefill chunk) at fixed shapes, as CUDA graphs.
+"""MixedGraphs: mixed steps (decode rows plus a few short prefill chunks) at fixed shapes, as CUDA graphs.
 
 A small mixed step is host-bound when run eagerly (~45 ms to issue a 24-layer forward on the H200 for ~15 ms
-of GPU work, benchmarks/BENCHMARKS.md). Here it runs padded to a bucket (B, T): B decode-shaped rows (the
-batch's one-token rows, then pad rows into the pad block and pad slot) and the prefill chunk last, padded to
-T tokens (`ForwardMetadata.build(pad=...)`: pad tokens are masked out of the recurrent updates and write
-their KV into the pad block). For a bucket every shape is fixed — the chunk list, the attention tiles, the
-spans — so its forward and the logits at each row's last real token are captured once and replayed with
-new contents in the bucket's buffers. On the CPU the same padded forward runs eagerly (what the tests check).
+of GPU work, benchmarks/BENCHMARKS.md). Here it runs padded to a bucket (B, K, T): B decode-shaped rows (the
+batch's one-token rows, then pad rows into the pad block and pad slot), then its K prefill chunks, each
+padded to a multiple of FLA_CHUNK tokens and the last one to make T in all (`ForwardMetadata.build(pad=...)`:
+pad tokens are masked out of the recurrent updates and write their KV into the pad block). For a bucket
+every shape is fixed — the token count, the chunk list's length, the attention tiles, the spans — so its
+forward and the logits at each row's last real token are captured once and replayed with new contents in the
+bucket's buffers. On the CPU the same padded forward runs eagerly (what the tests check).
 
     graphs = MixedGraphs(model, caches, block_size, max_blocks, device, max_decode)
     graphs.capture()                       # CUDA
@@ -29,9 +30,13 @@ from flashstate.layers.metadata import FLA_CHUNK, ForwardMetadata
 from flashstate.models.base import HybridForCausalLM
 from flashstate.ops.fla_cache import fla_tensor_cache_off
 
-PREFILL_SIZES = (64, 128, 256, 512)  # multiples of FLA_CHUNK: a bucket's chunk list is fixed
+PREFILL_SIZES = (64, 128, 256, 512, 1024, 2048)  # multiples of FLA_CHUNK: a bucket's chunk count is fixed
+MAX_CHUNKS = 3  # prefill chunks in one bucket
 # what changes from one step to the next in a bucket's metadata (with the block tables); the rest is its shape
 _PER_STEP = (
+    "cu_seqlens",
+    "chunk_indices",
+    "token_seqs",
     "positions",
     "context_lens",
     "slot_mapping",
@@ -46,13 +51,13 @@ _PER_STEP = (
 class _Bucket:
     tokens: Tensor  # [B + T] int64
     meta: ForwardMetadata  # fixed-shape tensors the forward reads
-    logits: Tensor | None = None  # [B + 1, V] fp32, the captured output
+    logits: Tensor | None = None  # [B + K, V] fp32, the captured output
     graph: torch.cuda.CUDAGraph | None = None
 
 
 class MixedBuckets:
-    """The (B, T) shapes mixed steps are padded to, and the one a batch takes (shapes alone: the simulator
-    asks it too)."""
+    """The (B, K, T) shapes mixed steps are padded to, and the one a batch takes (shapes alone: the
+    simulator asks it too)."""
 
     def __init__(
         self,
@@ -68,18 +73,43 @@ class MixedBuckets:
         self.decode_sizes = capture_sizes(max_decode)
         self.prefill_sizes = sorted(prefill_sizes)
 
-    def bucket(self, batch: ScheduledBatch) -> tuple[int, int] | None:
-        """(B, T) of a batch with no exports, exactly one row of more than one token (at most the largest
-        prefill size) and at most the largest decode size of one-token rows; None for any other."""
-        long_rows = [i for i, n in enumerate(batch.num_tokens) if n > 1]
-        if batch.exports or len(long_rows) != 1:
+    def keys(self) -> list[tuple[int, int, int]]:
+        """Every bucket: K chunks of at least FLA_CHUNK tokens each fit in T."""
+        return [
+            (b, k, t)
+            for b in self.decode_sizes
+            for t in self.prefill_sizes
+            for k in range(1, min(MAX_CHUNKS, t // FLA_CHUNK) + 1)
+        ]
+
+    def bucket(self, batch: ScheduledBatch) -> tuple[int, int, int] | None:
+        """(B, K, T) of a batch with no exports, K ≤ MAX_CHUNKS rows of more than one token whose padded
+        lengths fit the largest prefill size, and at most the largest decode size of one-token rows; None
+        for any other."""
+        chunks = [i for i, n in enumerate(batch.num_tokens) if n > 1]
+        k = len(chunks)
+        if batch.exports or not 1 <= k <= MAX_CHUNKS:
             return None
-        seq, n, rows = batch.seqs[long_rows[0]], batch.num_tokens[long_rows[0]], len(batch) - 1
-        t = next((s for s in self.prefill_sizes if s >= n), None)
-        b = next((s for s in self.decode_sizes if s >= max(rows, 1)), None)
-        if t is None or b is None or -(-(seq.num_computed_tokens + t) // self.block_size) > self.width:
-            return None  # no bucket, or the pads would run past the widest block table
-        return b, t
+        need = sum(_padded_len(batch.num_tokens[i]) for i in chunks[:-1]) + batch.num_tokens[chunks[-1]]
+        t = next((s for s in self.prefill_sizes if s >= max(need, k * FLA_CHUNK)), None)
+        b = next((s for s in self.decode_sizes if s >= max(len(batch) - k, 1)), None)
+        if t is None or b is None:
+            return None
+        lens = _chunk_lens([batch.num_tokens[i] for i in chunks], t)
+        for i, n in zip(chunks, lens, strict=True):
+            if -(-(batch.seqs[i].num_computed_tokens + n) // self.block_size) > self.width:
+                return None  # the pads would run past the widest block table
+        return b, k, t
+
+
+def _padded_len(n: int) -> int:
+    return -(-n // FLA_CHUNK) * FLA_CHUNK
+
+
+def _chunk_lens(counts: list[int], t: int) -> list[int]:
+    """The padded lengths of a bucket's chunks: whole FLA chunks each, the last taking the rest of T."""
+    head = [_padded_len(n) for n in counts[:-1]]
+    return [*head, t - sum(head)]
 
 
 class MixedGraphs(MixedBuckets):
@@ -97,16 +127,16 @@ class MixedGraphs(MixedBuckets):
         self.model = model
         self.caches = caches
         self.device = device
-        self._buckets: dict[tuple[int, int], _Bucket] = {}
+        self._buckets: dict[tuple[int, int, int], _Bucket] = {}
         self._pool = None
 
-    def forward(self, batch: ScheduledBatch, key: tuple[int, int], rows: list[int]) -> Tensor:
+    def forward(self, batch: ScheduledBatch, key: tuple[int, int, int], rows: list[int]) -> Tensor:
         """Logits [len(rows), V] (fp32) at the last token of each batch row in `rows`."""
-        b, t = key
-        entry = self._entry(b, t)
-        p = next(i for i, n in enumerate(batch.num_tokens) if n > 1)
-        order = [i for i in range(len(batch)) if i != p]
-        tokens, meta = self._padded(batch, order, p, b, t)
+        b, k, t = key
+        entry = self._entry(key)
+        chunks = [i for i, n in enumerate(batch.num_tokens) if n > 1]
+        order = [i for i, n in enumerate(batch.num_tokens) if n == 1] + chunks
+        tokens, meta = self._padded(batch, order, b, k, t)
         entry.tokens.copy_(tokens)
         for f in _PER_STEP:
             getattr(entry.meta, f).copy_(getattr(meta, f))
@@ -117,20 +147,22 @@ class MixedGraphs(MixedBuckets):
             logits = entry.logits
         else:
             logits = self._logits(entry)
-        at = {i: j for j, i in enumerate(order)} | {p: b}  # the chunk's row sits after the B one-token rows
+        ones = len(order) - k  # the chunks' rows sit after the B one-token rows
+        at = {i: j if j < ones else b + j - ones for j, i in enumerate(order)}
         return logits[upload([at[i] for i in rows], torch.long, self.device)]
 
     def _padded(
-        self, batch: ScheduledBatch, order: list[int], p: int, b: int, t: int
+        self, batch: ScheduledBatch, order: list[int], b: int, k: int, t: int
     ) -> tuple[Tensor, ForwardMetadata]:
         """The batch's one-token rows, pad rows up to B (token 0 at position 0 into the pad block and slot),
-        then the chunk padded to T tokens: input ids and metadata."""
-        pad_block, fill = self.caches.pad_block, b - len(order)
-        seqs = [batch.seqs[i] for i in (*order, p)]
-        counts = [batch.num_tokens[i] for i in (*order, p)]
+        then its K chunks padded (`_chunk_lens`): input ids and metadata."""
+        pad_block, fill, ones = self.caches.pad_block, b - (len(order) - k), len(order) - k
+        seqs = [batch.seqs[i] for i in order]
+        counts = [batch.num_tokens[i] for i in order]
+        pads = [0] * b + [n - c for n, c in zip(_chunk_lens(counts[ones:], t), counts[ones:], strict=True)]
 
         def rows(values: list, pad_row: object) -> list:
-            return [*values[:-1], *[pad_row] * fill, values[-1]]
+            return [*values[:ones], *[pad_row] * fill, *values[ones:]]
 
         done = [s.num_computed_tokens for s in seqs]
         spans = [s.token_ids[d : d + n] for s, d, n in zip(seqs, done, counts, strict=True)]
@@ -138,32 +170,33 @@ class MixedGraphs(MixedBuckets):
             rows(counts, 1), rows([d + n for d, n in zip(done, counts, strict=True)], 1),
             rows([s.block_table for s in seqs], [pad_block]), self.block_size,
             rows([s.state_slot for s in seqs], self.caches.pad_slot), rows([d > 0 for d in done], False),
-            device=self.device, pad=t - counts[-1], pad_block=pad_block,
+            device=self.device, pad=pads, pad_block=pad_block,
         )  # fmt: skip
-        ids = [tok for span in rows(spans, [0]) for tok in span]
-        return upload([*ids, *[0] * (t - counts[-1])], torch.long, self.device), meta
+        ids = [tok for span, p in zip(rows(spans, [0]), pads, strict=True) for tok in (*span, *[0] * p)]
+        return upload(ids, torch.long, self.device), meta
 
-    def _entry(self, b: int, t: int) -> _Bucket:
-        entry = self._buckets.get((b, t))
+    def _entry(self, key: tuple[int, int, int]) -> _Bucket:
+        entry = self._buckets.get(key)
         if entry is None:
-            entry = self._buckets[(b, t)] = self._new_bucket(b, t)
+            entry = self._buckets[key] = self._new_bucket(*key)
         return entry
 
-    def _new_bucket(self, b: int, t: int) -> _Bucket:
-        """Buffers for (B, T), holding a batch of pad rows and an all-pad prefill row (a valid forward)."""
-        pad_block, lens = self.caches.pad_block, [1] * b + [t]
-        tables = [[pad_block]] * b + [[pad_block] * -(-t // self.block_size)]
-        slots = [self.caches.pad_slot] * (b + 1)
+    def _new_bucket(self, b: int, k: int, t: int) -> _Bucket:
+        """Buffers for (B, K, T), holding a batch of pad rows and all-pad chunks (a valid forward)."""
+        pad_block = self.caches.pad_block
+        lens = [1] * b + _chunk_lens([FLA_CHUNK] * k, t)
+        tables = [[pad_block] * -(-n // self.block_size) for n in lens]
+        slots = [self.caches.pad_slot] * (b + k)
         meta = ForwardMetadata.build(
-            lens, lens, tables, self.block_size, slots, [False] * (b + 1), device=self.device
+            lens, lens, tables, self.block_size, slots, [False] * (b + k), device=self.device
         )
         real = torch.ones(b + t, dtype=torch.bool, device=self.device)
-        table = torch.full((b + 1, self.width), pad_block, dtype=torch.int64, device=self.device)
+        table = torch.full((b + k, self.width), pad_block, dtype=torch.int64, device=self.device)
         table[:, : meta.block_tables.shape[1]] = meta.block_tables
         values = {f.name: getattr(meta, f.name) for f in fields(ForwardMetadata)}
         values |= {"block_tables": table, "real_tokens": real, "last_real": meta.cu_seqlens[1:] - 1}
-        values["spans"] = (1, False)  # decode rows and a chunk over a prefix: the paged kernel, always
-        values = {k: v.clone() if isinstance(v, Tensor) else v for k, v in values.items()}
+        values["spans"] = (1, False)  # decode rows and chunks over a prefix: the paged kernel, always
+        values = {name: v.clone() if isinstance(v, Tensor) else v for name, v in values.items()}
         return _Bucket(torch.zeros(b + t, dtype=torch.long, device=self.device), ForwardMetadata(**values))
 
     def _logits(self, entry: _Bucket) -> Tensor:
@@ -172,21 +205,20 @@ class MixedGraphs(MixedBuckets):
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Capture every bucket (largest first: later graphs fit in its memory pool)."""
+        """Capture every bucket (most tokens first: later graphs fit in its memory pool)."""
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream), fla_tensor_cache_off():
-            for b in reversed(self.decode_sizes):
-                for t in reversed(self.prefill_sizes):
-                    entry = self._entry(b, t)
-                    for _ in range(2):  # warm-up: autotuning and lazy initialisation happen outside capture
-                        self._logits(entry)
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=self._pool, stream=stream):
-                        entry.logits = self._logits(entry)
-                    if self._pool is None:
-                        self._pool = graph.pool()
-                    entry.graph = graph
+            for key in sorted(self.keys(), key=lambda bkt: (bkt[0] + bkt[2], bkt[1]), reverse=True):
+                entry = self._entry(key)
+                for _ in range(2):  # warm-up: autotuning and lazy initialisation happen outside capture
+                    self._logits(entry)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self._pool, stream=stream):
+                    entry.logits = self._logits(entry)
+                if self._pool is None:
+                    self._pool = graph.pool()
+                entry.graph = graph
         torch.cuda.current_stream(self.device).wait_stream(stream)
         torch.cuda.synchronize(self.device)
 

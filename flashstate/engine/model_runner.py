@@ -14,7 +14,7 @@ from flashstate.device import upload
 from flashstate.engine.cache_tensors import CacheTensors
 from flashstate.engine.cuda_graph import DecodeGraphs
 from flashstate.engine.decode_inputs import DecodeInputs
-from flashstate.engine.mixed_graphs import MixedGraphs
+from flashstate.engine.mixed_graphs import MAX_CHUNKS, MixedGraphs
 from flashstate.engine.scheduler import ScheduledBatch
 from flashstate.engine.sequence import Sequence
 from flashstate.layers.metadata import ForwardMetadata
@@ -138,8 +138,9 @@ class ModelRunner:
                 torch.cuda.synchronize(self.device)
                 return False
             logger.info(
-                "captured mixed-step CUDA graphs for %d decode x %d prefill sizes in %.1f s",
-                len(mixed.decode_sizes), len(mixed.prefill_sizes), time.perf_counter() - start,
+                "captured %d mixed-step CUDA graphs (%d decode x %d prefill sizes, <= %d chunks) in %.1f s",
+                len(mixed.keys()), len(mixed.decode_sizes), len(mixed.prefill_sizes), MAX_CHUNKS,
+                time.perf_counter() - start,
             )  # fmt: skip
         self.mixed = mixed
         return True

@@ -18,9 +18,9 @@ For sequence i:
     token_seqs           = the sequence of each flat token (for the short conv)
 
 A padded batch (`build(..., pad=P, pad_block=…)`, P ≥ 0, for fixed shapes) runs P more tokens at the end of
-its last span: their KV goes to the pad block, `real_tokens` masks them out of the recurrent updates (no
-decay, no write, so the state after them is the state after the last real token) and `last_real` is where
-each span's state, conv window and next-token logits are read.
+its last span (a list: P_i after span i): their KV goes to the pad block, `real_tokens` masks them out of the
+recurrent updates (no decay, no write, so the state after them is the state after the last real token) and
+`last_real` is where each span's state, conv window and next-token logits are read.
 """
 
 from __future__ import annotations
@@ -86,17 +86,25 @@ class ForwardMetadata:
         has_initial_state: list[bool] | None = None,
         exports: list[tuple[int, int, int]] | None = None,
         device: torch.device | str = "cpu",
-        pad: int = 0,
+        pad: int | list[int] = 0,
         pad_block: int | None = None,
     ) -> ForwardMetadata:
         """Build from host lists.
 
         `exports`: (sequence index, number of new tokens of that sequence processed, destination slot);
         the count is in [1, query_lens[i]]: export (i, query_lens[i], s) copies the final state.
-        `pad`: tokens run after the last span's real ones, their KV into block `pad_block` (module docstring).
+        `pad`: tokens run after the last span's real ones, or a list: after each span's, their KV into block
+        `pad_block` (module docstring).
         """
         n = len(query_lens)
-        if pad < 0 or (pad and (pad_block is None or n == 0)):
+        pads = np.zeros(n, dtype=np.int64)
+        if isinstance(pad, int):
+            pads[-1:] = pad
+        elif len(pad) == n:
+            pads[:] = pad
+        else:
+            raise ValueError(f"{len(pad)} pads for {n} sequences")
+        if (pads < 0).any() or (pads.any() and pad_block is None) or (pad and n == 0):
             raise ValueError(f"padding {pad} tokens needs a pad block and a sequence to pad")
         if not (len(context_lens) == len(block_tables) == len(state_slots) == n):
             raise ValueError(
@@ -106,11 +114,13 @@ class ForwardMetadata:
             has_initial_state = [c > q for q, c in zip(query_lens, context_lens, strict=True)]
         q = np.asarray(query_lens, dtype=np.int64).reshape(n)
         c = np.asarray(context_lens, dtype=np.int64).reshape(n)
-        if pad:
-            q[-1] += pad
-            c[-1] += pad
-            grow = -(-int(c[-1]) // block_size) - len(block_tables[-1])
-            block_tables = [*block_tables[:-1], [*block_tables[-1], *[pad_block] * max(grow, 0)]]
+        if pads.any():
+            q += pads
+            c += pads
+            block_tables = [
+                [*row, *[pad_block] * max(-(-int(ctx) // block_size) - len(row), 0)] if p else row
+                for row, ctx, p in zip(block_tables, c, pads, strict=True)
+            ]
         lens = np.fromiter((len(t) for t in block_tables), dtype=np.int64, count=n)
         for i in np.flatnonzero((q < 1) | (c < q)):
             raise ValueError(f"sequence {i}: need 1 <= query_len <= context_len, got {q[i]}, {c[i]}")
@@ -153,10 +163,8 @@ class ForwardMetadata:
             parts["chunk_indices"] = np.stack([chunk_seq, chunk_pos], 1).reshape(-1)
             parts["token_seqs"] = owner
         if pad_block is not None:
-            real = np.ones(int(cu[-1]), dtype=np.int64)
-            real[int(cu[-1]) - pad :] = 0
-            parts["real_tokens"] = real
-            parts["last_real"] = cu[1:] - 1 - np.where(np.arange(n) == n - 1, pad, 0)
+            parts["real_tokens"] = (np.arange(int(cu[-1])) < (cu[1:] - pads)[owner]).astype(np.int64)
+            parts["last_real"] = cu[1:] - 1 - pads
         starts = np.cumsum([0] + [-(-x.size // 2) * 2 for x in parts.values()])
         packed = np.zeros(int(starts[-1]), dtype=np.int64)
         for start, part in zip(starts[:-1], parts.values(), strict=True):

@@ -32,7 +32,7 @@ def test_outputs_equal_the_unpadded_engine(tiny_model_dir, policy):
         padded[mode] = calls
         hits[mode] = llm.engine.cache.stats.cached_tokens
         _assert_pools_full(llm)
-    assert len(padded[True]) > 10 and len({t for _, t in padded[True]}) >= 1
+    assert len(padded[True]) > 10 and {k for _, k, _ in padded[True]} >= {1, 2}  # one chunk and two
     assert hits[True] == hits[False]
     for got, want in zip(results[True], results[False], strict=True):
         _assert_same(got, want)
@@ -44,17 +44,22 @@ def _seq(i: int, prompt: int, computed: int, blocks: int) -> Sequence:
     return seq
 
 
-def test_only_a_batch_with_one_short_chunk_and_no_exports_has_a_bucket(tiny_model_dir):
+def test_a_batch_with_a_few_short_chunks_and_no_exports_has_a_bucket(tiny_model_dir):
     llm = _engine(tiny_model_dir, True)
     graphs = MixedGraphs(llm.engine.model, llm.engine.runner.caches, 16, 16, llm.engine.device, max_decode=12)
     decode = [_seq(i, 20, 20, 2) for i in range(3)]
     chunk = _seq(3, 100, 30, 7)
-    assert graphs.bucket(ScheduledBatch([*decode, chunk], [1, 1, 1, 70])) == (4, 128)
-    assert graphs.bucket(ScheduledBatch([chunk], [64])) == (1, 64)  # a pad row keeps the kernels' shapes
+    assert graphs.bucket(ScheduledBatch([*decode, chunk], [1, 1, 1, 70])) == (4, 1, 128)
+    assert graphs.bucket(ScheduledBatch([chunk], [64])) == (1, 1, 64)  # a pad row keeps the kernels' shapes
     assert graphs.bucket(ScheduledBatch(decode, [1, 1, 1])) is None  # a decode step: the decode graphs'
-    two = ScheduledBatch([chunk, _seq(4, 50, 0, 4)], [5, 6])
-    assert graphs.bucket(two) is None  # two chunks
-    assert graphs.bucket(ScheduledBatch([_seq(5, 900, 0, 8)], [600])) is None  # longer than 512
+    # several chunks: each padded to whole 64-token chunks but the last, which fills T
+    assert graphs.bucket(ScheduledBatch([chunk, _seq(4, 50, 0, 4)], [5, 6])) == (1, 2, 128)
+    assert graphs.bucket(ScheduledBatch([chunk, _seq(4, 50, 0, 4)], [65, 6])) == (1, 2, 256)
+    three = [_seq(4 + i, 20, 0, 2) for i in range(3)]
+    assert graphs.bucket(ScheduledBatch([*decode, *three], [1, 1, 1, 2, 2, 2])) == (4, 3, 256)
+    four = [_seq(4 + i, 20, 0, 2) for i in range(4)]
+    assert graphs.bucket(ScheduledBatch(four, [2, 2, 2, 2])) is None  # more than MAX_CHUNKS
+    assert graphs.bucket(ScheduledBatch([_seq(5, 9000, 0, 8)], [3000])) is None  # longer than 2048
     assert graphs.bucket(ScheduledBatch([_seq(6, 300, 200, 16)], [60])) is None  # pads past the widest table
     exporting = ScheduledBatch()
     exporting.add(chunk, 70, [(30, 9)])

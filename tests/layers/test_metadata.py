@@ -84,6 +84,23 @@ def test_padding_runs_extra_tokens_after_the_last_span_into_the_pad_block():
     assert unpadded.real_tokens is None and unpadded.last_real is None
 
 
+def test_a_pad_list_pads_after_each_span():
+    meta = ForwardMetadata.build(
+        [1, 3, 6], [5, 3, 6], [[3, 4], [5], [7, 8]], 4, [0, 1, 2], pad=[0, 2, 5], pad_block=99
+    )
+    assert meta.query_lens_cpu == [1, 5, 11] and meta.cu_seqlens.tolist() == [0, 1, 6, 17]
+    assert meta.real_tokens.tolist() == [True] * 4 + [False] * 2 + [True] * 6 + [False] * 5
+    assert meta.last_real.tolist() == [0, 3, 11]
+    # span 1's pads: positions 3 (the rest of its block 5) and 4 (the pad block)
+    assert meta.slot_mapping.tolist()[4:6] == [5 * 4 + 3, 99 * 4]
+    assert meta.block_tables.tolist()[1][:2] == [5, 99]
+    assert meta.chunk_indices.tolist() == [[0, 0], [1, 0], [2, 0]]
+
+
 def test_padding_needs_a_pad_block():
     with pytest.raises(ValueError, match="pad block"):
         ForwardMetadata.build([2], [2], [[0]], 4, [0], pad=3)
+    with pytest.raises(ValueError, match="pad block"):
+        ForwardMetadata.build([2, 1], [2, 1], [[0], [1]], 4, [0, 1], pad=[1, 0])
+    with pytest.raises(ValueError, match="1 pads for 2 sequences"):
+        ForwardMetadata.build([2, 1], [2, 1], [[0], [1]], 4, [0, 1], pad=[1], pad_block=9)

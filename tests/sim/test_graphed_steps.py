@@ -30,8 +30,8 @@ def test_a_short_prompts_step_costs_the_graphed_fixed_cost():
 
 
 def test_a_chunk_longer_than_any_bucket_runs_eagerly_as_before():
-    graphed, taken = _first_step(1000, graphs=True)
-    eager, _ = _first_step(1000, graphs=False)
+    graphed, taken = _first_step(3000, graphs=True)  # the largest bucket holds 2,048 tokens
+    eager, _ = _first_step(3000, graphs=False)
     assert not taken and graphed == pytest.approx(eager)
 
 
