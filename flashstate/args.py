@@ -124,8 +124,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--mixed-step-graphs",
         action=argparse.BooleanOptionalAction,
         default=d.mixed_step_graphs,
-        help="run a mixed step whose one prefill chunk is short (up to 512 tokens) padded to fixed shapes, "
-        "replayed as a CUDA graph (on the CPU the padded step runs eagerly: for tests)",
+        help="run a mixed step with up to 3 prefill chunks of up to 2,048 tokens in all padded to fixed "
+        "shapes, replayed as a CUDA graph (on the CPU the padded step runs eagerly: for tests)",
     )
     g.add_argument(
         "--async-scheduling",

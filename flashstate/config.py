@@ -68,7 +68,7 @@ class EngineConfig:
     gil_switch_interval_ms: float = 1.0
     tensor_parallel_size: int = 1  # ranks (GPUs: cuda:k..k+N-1) the model's heads are split over
     enforce_eager: bool = False  # no CUDA graphs for decode
-    mixed_step_graphs: bool = False  # a mixed step with one short prefill chunk runs padded, as a CUDA graph
+    mixed_step_graphs: bool = False  # a mixed step with a few short chunks runs padded, as a CUDA graph
     # Pure-decode steps: launch step n+1 before reading step n's tokens (the engine falls back to synchronous
     # steps whenever that could change what is computed: stop strings, admissions, preemption...).
     async_scheduling: bool = True
