@@ -39,7 +39,7 @@ def test_a_written_state_is_found_once_its_write_has_landed():
     assert tier.lookup([9] + tokens[1:], limit=1000) is None  # another path
 
 
-def test_a_restore_lands_after_its_fetched_bytes_at_the_restore_rate():
+def test_a_restore_lands_after_its_fetched_bytes_at_the_restore_rate_and_its_objects():
     tier, clock = _tier()
     tokens = list(range(1, 1001))
     tier.write_back(tokens, 1000, blocks=[], slot=0)
@@ -47,7 +47,8 @@ def test_a_restore_lands_after_its_fetched_bytes_at_the_restore_rate():
     hit = tier.lookup(tokens, limit=1000)
     restore = tier.start_restore(hit, first_chunk=2, kv_depth=1000, blocks=[], slot=0)
     fetched = (1000 - 512) * tier.token_bytes + tier.state_bytes  # chunks 0 and 1 shared from the GPU
-    assert restore.ready_at == 10.0 + fetched / sim_host.RESTORE_BYTES_PER_S
+    objects = 2  # chunk 2 and the state object
+    assert restore.ready_at == 10.0 + fetched / sim_host.RESTORE_BYTES_PER_S + objects * 1e-3
     assert restore.poll() is RestorePhase.PENDING and restore.depth == 1000
     assert tier.index.states[hit.key].pins == 1  # not evicted while it is read, as in the real tier
     clock.now = restore.ready_at
