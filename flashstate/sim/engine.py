@@ -3,7 +3,8 @@
 One step, as in engine/llm_engine.py, with the model run replaced by its modelled duration:
 
     batch = scheduler.schedule()             at time t (admission stamps the cache with t)
-    seconds = profile: Σ C(p + n) − C(p) over prefill chunks (+ step_s if any) + decode(B, Σ context)
+    seconds = profile: Σ C(p + n) − C(p) over prefill chunks (+ step_s if any, graphed_step_s instead
+              for a step a MixedGraphs bucket takes under --mixed-step-graphs) + decode(B, Σ context)
     finish_step(batch)                       at t + seconds: exports committed, lengths advanced,
                                              a token appended where the chunk reaches the end
 
