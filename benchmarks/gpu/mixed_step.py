@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -150,6 +151,8 @@ def main() -> None:
     p.add_argument("--profile", action="store_true", help="profile one mixed step over the prefix")
     p.add_argument("--mixed-step-graphs", action="store_true", help="short chunks' steps as CUDA graphs")
     args = p.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("flashstate").setLevel(logging.INFO)  # the engine's set-up: graph capture times
     model_dir = preset_dir(args.preset)
     budgets = [int(b) for b in args.budgets.split(",")]
     out = Path(os.environ.get("OUT", "."))
