@@ -211,7 +211,7 @@ def test_conv_keeps_the_window_at_each_spans_last_real_token():
     torch.manual_seed(4)
     lens, d = [5, 1, 12], 40
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
-    ends = torch.tensor([4, 5, 10])  # the last span's tokens 11.. are pads
+    ends = torch.tensor([2, 5, 10])  # the first span's tokens 3..4 and the last one's 11.. are pads
     x, w, b = torch.randn(sum(lens), d), torch.randn(d, 4), torch.randn(d)
     pool = torch.randn(6, d, 3)
     idx, has = torch.tensor([3, 0, 5]), torch.tensor([True, False, True])
@@ -223,3 +223,4 @@ def test_conv_keeps_the_window_at_each_spans_last_real_token():
     )
     assert rel(y2, y1) < 1e-5 and torch.equal(p2.cpu(), p1)
     assert torch.equal(p1[5], x[8:11].T)  # flat tokens 8..10, its last real ones, not its pads
+    assert torch.equal(p1[3], x[0:3].T)  # the first span's window ends at its last real token, 2
