@@ -120,8 +120,8 @@ class ModelRunner:
         return True
 
     def capture_mixed_graphs(self, max_decode: int, max_blocks_per_seq: int) -> bool:
-        """Run mixed steps with one short prefill chunk padded to fixed shapes (mixed_graphs.py), captured as
-        CUDA graphs on CUDA (eager, padded, elsewhere); False, leaving them eager and unpadded, when the
+        """Run mixed steps with a few short prefill chunks padded to fixed shapes (mixed_graphs.py), captured
+        as CUDA graphs on CUDA (eager, padded, elsewhere); False, leaving them eager and unpadded, when the
         model cannot be captured."""
         mixed = MixedGraphs(
             self.model, self.caches, self.block_size, max_blocks_per_seq, self.device, max_decode
@@ -285,16 +285,14 @@ class ModelRunner:
         n = len(batch)
         if self.is_decode(batch) and self.on_logits is None:
             return self.collect(self.launch(batch))
+        rows = [i for i in range(n) if batch.samples(i)]  # a decode batch: every row
         if self.is_decode(batch):
-            rows = list(range(n))
             logits = self._decode(batch.seqs)
         elif self.mixed is not None and (key := self.mixed.bucket(batch)) is not None:
-            rows = [i for i in range(n) if batch.samples(i)]
             logits = self.mixed.forward(batch, key, rows)
         else:
             input_ids, meta = self.build_metadata(batch)
             hidden = self.model(input_ids, meta)
-            rows = [i for i in range(n) if batch.samples(i)]
             if rows:
                 last = meta.cu_seqlens[1:][upload(rows, torch.long, self.device)] - 1
                 logits = self.model.compute_logits(hidden[last]).float()

@@ -38,6 +38,20 @@ class LinearMixer(nn.Module):
         self.conv_state = torch.empty(0)
         self.ssm_state = torch.empty(0)
 
+    @staticmethod
+    def without_pads(meta: ForwardMetadata, decay: Tensor, beta: Tensor, dim: int) -> tuple[Tensor, Tensor]:
+        """A delta rule's log-decay and write strength with pad tokens (token axis `dim`) zeroed: no decay and
+        no write, so the state after them is the state after the last real token."""
+        if meta.real_tokens is None:
+            return decay, beta
+
+        def keep(x: Tensor) -> Tensor:
+            shape = [1] * x.dim()
+            shape[dim] = -1
+            return meta.real_tokens.view(shape)
+
+        return torch.where(keep(decay), decay, 0.0), torch.where(keep(beta), beta, 0.0)
+
     def write_exports(self, meta: ForwardMetadata, conv: Tensor, ssm: Tensor) -> None:
         """Store states exported from inside the span into their destination slots."""
         if meta.num_exports:

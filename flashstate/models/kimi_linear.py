@@ -159,10 +159,7 @@ class KimiDeltaAttention(LinearMixer):
             has_initial_state=meta.has_initial_state, cu_seqlens=meta.cu_seqlens,
             export_token_ids=meta.export_token_ids, use_qk_l2norm_in_kernel=True,
         )
-        g = self.decay(x).unsqueeze(0)
-        if meta.real_tokens is not None:  # pad tokens neither decay nor write the state
-            keep = meta.real_tokens[None, :, None]
-            g, beta = torch.where(keep[..., None], g, 0.0), torch.where(keep, beta, 0.0)
+        g, beta = self.without_pads(meta, self.decay(x).unsqueeze(0), beta, dim=1)
         args = (q, k, v, g, beta)
         if meta.is_decode:
             o, ssm_exported = fused_recurrent_kda(*args, **pooled)

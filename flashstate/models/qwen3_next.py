@@ -207,9 +207,7 @@ class Qwen3NextGatedDeltaNet(StackedLinears, LinearMixer):
             o, ssm_exported = decode_gated_delta_rule_in_place(*qkv, a, b, self.A_log, self.dt_bias, **pooled)
         else:
             g, beta = gdn_gating(a, b, self.A_log, self.dt_bias)
-            if meta.real_tokens is not None:  # pad tokens neither decay nor write the state
-                keep = meta.real_tokens[:, None]
-                g, beta = torch.where(keep, g, 0.0), torch.where(keep, beta, 0.0)
+            g, beta = self.without_pads(meta, g, beta, dim=0)
             o, ssm_exported = chunk_gated_delta_rule(
                 *qkv, g[None], beta[None], cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices,
                 chunk_size=self.chunk_size, **pooled,
