@@ -2,6 +2,8 @@
 mooncake_master) gives the same greedy tokens and fp32 logits (1e-5) as full recompute; a master killed
 mid-replay fails no request, and the tier is back in use once the master returns."""
 
+import collections
+import gc
 import random
 import signal
 import time
@@ -247,3 +249,28 @@ def test_master_down_at_start_up_then_joined(tiny_model_dir, plain, tmp_path):
         engine.close()
     finally:
         master.stop()
+
+
+def test_host_restores_leave_no_cyclic_garbage(tiny_model_dir):
+    """A restore is freed by refcounting alone: the collector, which pauses the engine, never has to find
+    its fetched objects (thousands of tensor views per restore at serving sizes)."""
+    llm = LLM(tiny_model_dir, **ENGINE, host_cache_bytes=64 << 20)
+    agents = Agents(llm.engine.spec.vocab_size, seed=3)
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(3):
+            outs = llm.generate(agents.contexts, PARAMS)
+            _drop_gpu_cache(llm)
+            agents.advance([o.token_ids for o in outs])
+        del outs
+        gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection would free stays in gc.garbage
+        gc.collect()
+        garbage = collections.Counter(type(o).__name__ for o in gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert llm.engine.host.stats.restores == 6
+    assert garbage["Tensor"] == garbage["HostRestore"] == garbage["Future"] == 0, garbage
+    llm.engine.close()

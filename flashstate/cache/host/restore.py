@@ -41,7 +41,7 @@ class HostRestore:
     kv_depth: int  # how far the prompt follows cached KV (GPU tree or host state): for the export plan
     blocks: list[int]  # the sequence's block table: ceil(hit.depth / B) blocks
     slot: int
-    future: Future
+    future: Future | None = None  # the fetch (set by the tier once submitted)
     fetched_at: float | None = None  # time.monotonic() when the fetch finished (the fetch thread sets it)
 
     @property
@@ -70,8 +70,9 @@ class HostRestore:
     def cancel(self) -> None:
         """The sequence is aborted before its copies were issued: a fetch already running finishes on its
         own, and its objects are dropped (its state unpinned once it has)."""
+        tier, hit = self.tier, self.hit  # not self: the future must not refer back to the restore
         self.future.cancel()
-        self.future.add_done_callback(lambda _: self.tier.unpin(self.hit))
+        self.future.add_done_callback(lambda _: tier.unpin(hit))
 
 
 def wait_any(restores: list[HostRestore], timeout: float) -> None:

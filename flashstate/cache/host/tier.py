@@ -237,10 +237,11 @@ class HostTier:
         self.landing.prune()
         with self._lock:
             self.index.pin(hit.key, 1)  # its objects' bytes must stay put until the copies have landed
-        future = self._fetcher.submit(self._fetch_in_background, hit, first_chunk)
-        restore = HostRestore(self, hit, first_chunk, kv_depth, blocks, slot, future)
+        restore = HostRestore(self, hit, first_chunk, kv_depth, blocks, slot)
+        # nothing the future keeps once done refers back to the restore: a cycle through its callbacks
+        # would leave the fetched objects (thousands of views) to the garbage collector
+        restore.future = future = self._fetcher.submit(self._fetch_in_background, restore)
         self._fetches.add(future)
-        future.add_done_callback(lambda f: setattr(restore, "fetched_at", time.monotonic()))
         future.add_done_callback(self._fetches.discard)
         return restore
 
@@ -249,12 +250,14 @@ class HostTier:
         with self._lock:
             self.index.pin(hit.key, -1)
 
-    def _fetch_in_background(self, hit: HostHit, first_chunk: int) -> list[list[torch.Tensor]] | None:
+    def _fetch_in_background(self, restore: HostRestore) -> list[list[torch.Tensor]] | None:
         try:
-            return self.fetch(hit, first_chunk)
+            return self.fetch(restore.hit, restore.first_chunk)
         except Exception:  # a failed fetch is a miss, never a failed request
             logger.exception("host tier: fetch failed")
             return None
+        finally:
+            restore.fetched_at = time.monotonic()
 
     def fetch(self, hit: HostHit, first_chunk: int = 0) -> list[list[torch.Tensor]] | None:
         """The objects of `hit` from chunk `first_chunk` on, read and verified (chunks in order, the state

@@ -4,6 +4,7 @@ what the store lacks, GDS eviction under capacity, dropped and corrupt objects a
 import gc
 import random
 import time
+from concurrent.futures import wait
 
 import pytest
 import torch
@@ -217,3 +218,34 @@ def test_fetched_objects_pass_through_staging_and_free_it_when_dropped(new_store
     assert tiny.fetch(tiny.lookup(tokens + [1], limit=22)) is not None
     tier.close()
     tiny.close()
+
+
+@pytest.mark.parametrize("cancel", [False, True])
+def test_a_dropped_restore_frees_its_fetched_objects_without_the_collector(new_store, cancel):
+    caches = make_caches(seed=5)
+    staging = HostArena(1 << 20)
+    tier = make_tier(new_store(), caches, staging=staging)
+    tokens = _tokens(22, 6)
+    tier.write_back(tokens, 22, _blocks(22), slot=2)
+    tier.flush()
+    hit = tier.lookup(tokens + [1], limit=22)
+    gc.collect()
+    gc.disable()  # refcounting alone must free a restore: the collector pauses the engine to find cycles
+    try:
+        restore = tier.start_restore(hit, 0, 22, _blocks(22, first=30), slot=6)
+        if cancel:
+            restore.cancel()
+        wait([restore.future], timeout=10)  # the fetch has finished (or was cancelled before it started)
+        if not cancel:
+            assert restore.poll().value == "ready" and restore.fetched_at is not None
+            assert staging.free_bytes < staging.nbytes  # the fetched objects live in staging memory
+        del restore
+        tier.landing.prune()
+        assert staging.free_bytes == staging.nbytes
+        deadline = time.monotonic() + 10  # a cancelled fetch that was running unpins in its done callback
+        while tier.index.states[hit.key].pins and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert tier.index.states[hit.key].pins == 0
+    finally:
+        gc.enable()
+    tier.close()
