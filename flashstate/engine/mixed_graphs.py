@@ -71,7 +71,8 @@ class MixedBuckets:
         self.block_size = block_size
         self.width = max_blocks_per_seq
         self.decode_sizes = capture_sizes(max_decode)
-        self.prefill_sizes = sorted(prefill_sizes)
+        # a chunk longer than the widest block table never runs (nor may a capture's pad chunk address it)
+        self.prefill_sizes = sorted(t for t in prefill_sizes if -(-t // block_size) <= max_blocks_per_seq)
 
     def keys(self) -> list[tuple[int, int, int]]:
         """Every bucket: K chunks of at least FLA_CHUNK tokens each fit in T."""

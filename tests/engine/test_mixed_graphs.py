@@ -66,6 +66,19 @@ def test_a_batch_with_a_few_short_chunks_and_no_exports_has_a_bucket(tiny_model_
     assert graphs.bucket(exporting) is None
 
 
+def test_every_bucket_fits_the_widest_block_table(tiny_model_dir):
+    """A short max_model_len (512: 32 blocks of 16) leaves out the buckets whose chunks could not run; the
+    rest build their capture buffers (what a CUDA capture does first) with pad chunks inside the table."""
+    llm = _engine(tiny_model_dir, True)
+    graphs = MixedGraphs(llm.engine.model, llm.engine.runner.caches, 16, 32, llm.engine.device, max_decode=12)
+    assert graphs.prefill_sizes == [64, 128, 256, 512]
+    for key in graphs.keys():  # noqa: SIM118 (a list of buckets, not a mapping)
+        entry = graphs._entry(key)
+        assert entry.meta.block_tables.shape == (key[0] + key[1], 32)
+        assert int(entry.meta.context_lens.max()) <= 32 * 16
+    assert graphs.bucket(ScheduledBatch([_seq(0, 900, 0, 40)], [600])) is None
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_captured_mixed_steps_give_the_unpadded_engines_tokens(tiny_model_dir):
     """On CUDA the buckets are captured graphs. GEMMs of another shape may round differently, so greedy runs
