@@ -118,14 +118,16 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--enforce-eager",
         action="store_true",
         default=d.enforce_eager,
-        help="run decode steps eagerly (no CUDA graphs)",
+        help="run every step eagerly (no CUDA graphs: neither decode steps nor, unless --mixed-step-graphs, "
+        "mixed steps)",
     )
     g.add_argument(
         "--mixed-step-graphs",
         action=argparse.BooleanOptionalAction,
         default=d.mixed_step_graphs,
         help="run a mixed step with up to 3 prefill chunks of up to 2,048 tokens in all padded to fixed "
-        "shapes, replayed as a CUDA graph (on the CPU the padded step runs eagerly: for tests)",
+        "shapes, replayed as a CUDA graph (default: on CUDA unless --enforce-eager; on the CPU the padded "
+        "step runs eagerly, for tests)",
     )
     g.add_argument(
         "--async-scheduling",

@@ -54,7 +54,7 @@ class EngineConfig:
     host_cache_bytes: int | None = None  # host tier capacity (alone: turns the memory tier on); None: 4 GiB
     # tokens of KV per shared chunk object (rounded down to whole blocks, at least one): fewer, larger objects
     # make a restore fewer store reads and checksums; smaller ones share more between branching states
-    host_chunk_tokens: int = 256
+    host_chunk_tokens: int = 1024
     mooncake_master: str | None = None  # HOST:PORT of a running mooncake_master (host_cache="mooncake")
     # Server.
     host: str = "127.0.0.1"
@@ -67,8 +67,9 @@ class EngineConfig:
     # engine thread to give it back.
     gil_switch_interval_ms: float = 1.0
     tensor_parallel_size: int = 1  # ranks (GPUs: cuda:k..k+N-1) the model's heads are split over
-    enforce_eager: bool = False  # no CUDA graphs for decode
-    mixed_step_graphs: bool = False  # a mixed step with a few short chunks runs padded, as a CUDA graph
+    enforce_eager: bool = False  # no CUDA graphs (decode steps, and mixed steps unless asked for)
+    # a mixed step with a few short chunks runs padded, as a CUDA graph (None: where decode steps are graphed)
+    mixed_step_graphs: bool | None = None
     # Pure-decode steps: launch step n+1 before reading step n's tokens (the engine falls back to synchronous
     # steps whenever that could change what is computed: stop strings, admissions, preemption...).
     async_scheduling: bool = True
@@ -85,6 +86,13 @@ class EngineConfig:
         if self.host_cache is None and self.host_cache_bytes is not None:
             return "memory"
         return self.host_cache
+
+    def graphs_mixed_steps(self, graphs: bool) -> bool:
+        """Whether small mixed steps run as CUDA graphs: `mixed_step_graphs` when set, else wherever decode
+        steps are graphed (`graphs`: the device has CUDA graphs) and `enforce_eager` is off."""
+        if self.mixed_step_graphs is not None:
+            return self.mixed_step_graphs
+        return graphs and not self.enforce_eager
 
     def __post_init__(self) -> None:
         def positive(name: str) -> None:

@@ -21,3 +21,12 @@ def test_bad_cache_settings_are_refused(kwargs, message):
 def test_the_policy_defaults_validate():
     assert EngineConfig().state_cache_fraction is None
     assert EngineConfig(mamba_checkpoint_placement="aligned").mamba_checkpoint_placement == "aligned"
+
+
+def test_mixed_steps_are_graphed_by_default_wherever_decode_steps_are():
+    assert EngineConfig().graphs_mixed_steps(graphs=True)
+    assert not EngineConfig().graphs_mixed_steps(graphs=False)  # the CPU: no CUDA graphs
+    assert not EngineConfig(enforce_eager=True).graphs_mixed_steps(graphs=True)
+    assert EngineConfig(enforce_eager=True, mixed_step_graphs=True).graphs_mixed_steps(graphs=True)
+    assert EngineConfig(mixed_step_graphs=True).graphs_mixed_steps(graphs=False)  # padded, eager: for tests
+    assert not EngineConfig(mixed_step_graphs=False).graphs_mixed_steps(graphs=True)

@@ -17,7 +17,7 @@
 # simulator puts vllm near the reference's ~30% hit rate, about 70% of what the 48 agents hold at this
 # scale), HOST_BYTES (policies mode: flashstate runs with a host tier of this size, as `flashstate-host`),
 # FLASHSTATE_ARGS (more serve flags for `flashstate-host`, e.g. --long-prefill-token-threshold 2048), SERVE_ARGS
-# (more serve flags for every server: engine features, e.g. --mixed-step-graphs), GPUS (default
+# (more serve flags for every server: engine features, e.g. --no-mixed-step-graphs), GPUS (default
 # 1: the runs one after another; N > 1 spreads them over GPUs 0..N-1, one server per GPU at a time, each
 # measured alone on its card, then merges the results), and any extra `bench compare` flags after the mode.
 set -euo pipefail

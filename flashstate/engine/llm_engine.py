@@ -95,7 +95,7 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, caches, config.block_size, self.device, peers=self.tp)
         if not config.enforce_eager:
             self.runner.capture_graphs(config.max_num_seqs, -(-self.max_model_len // config.block_size))
-        if config.mixed_step_graphs:
+        if config.graphs_mixed_steps(self.device.type == "cuda"):
             self.runner.capture_mixed_graphs(config.max_num_seqs, -(-self.max_model_len // config.block_size))
         self.requests: dict[str, RequestState] = {}
         self._ids = itertools.count()

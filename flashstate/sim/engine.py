@@ -96,7 +96,9 @@ class SimEngine:
     ):
         self.config = config
         self.prefill, self.decode, self.prefill_step_s = prefill, decode, prefill_step_s
-        if config.mixed_step_graphs and graphed_step_s is None:
+        # the simulated GPU graphs mixed steps as the engine would, where the profile has their cost
+        graphed = config.graphs_mixed_steps(graphed_step_s is not None)
+        if graphed and graphed_step_s is None:
             raise ValueError(
                 "--mixed-step-graphs: the profile has no prefill.graphed_step_s (a graphed mixed step's cost)"
             )
@@ -124,7 +126,7 @@ class SimEngine:
         self.scheduler = Scheduler.from_config(self.cache, config, self.max_model_len)
         self.buckets = (
             MixedBuckets(config.block_size, -(-self.max_model_len // config.block_size), config.max_num_seqs)
-            if config.mixed_step_graphs
+            if graphed
             else None
         )
         self._clock = clock

@@ -16,7 +16,10 @@ from flashstate.cache.host.mooncake import start_master
 from flashstate.models.presets import preset_dir
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
-ENGINE = dict(block_size=4, max_num_batched_tokens=256, prefill_cost_coefficients=(1e-5, 1e-8))
+# 256-token chunk objects (the default is 1,024): these contexts then span shared chunks and a tail
+ENGINE = dict(
+    block_size=4, max_num_batched_tokens=256, prefill_cost_coefficients=(1e-5, 1e-8), host_chunk_tokens=256
+)
 
 
 def _capture(llm: LLM) -> dict[str, list[torch.Tensor]]:
@@ -92,7 +95,7 @@ def test_host_restores_equal_full_recompute(tiny_model_dir, plain, backend, requ
 def test_larger_chunk_objects_restore_equal_full_recompute_in_fewer_objects(tiny_model_dir, plain):
     """--host-chunk-tokens: 102 tokens round down to 100 (25 blocks of 4); restores read ~depth / 100 chunk
     objects and give what full recompute gives."""
-    cached = LLM(tiny_model_dir, **ENGINE, host_cache_bytes=64 << 20, host_chunk_tokens=102)
+    cached = LLM(tiny_model_dir, **{**ENGINE, "host_chunk_tokens": 102}, host_cache_bytes=64 << 20)
     got = _capture(cached)
     agents = Agents(cached.engine.spec.vocab_size, seed=2)
     host = cached.engine.host

@@ -10,10 +10,11 @@ from flashstate.sim.profile import load_profile
 SERVED = "h200-qwen3-next-2b-served"
 
 
-def _first_step(prompt_tokens: int, graphs: bool) -> tuple[float, bool]:
-    """(seconds, taken by a bucket) of the step that prefills a lone prompt."""
+def _first_step(prompt_tokens: int, graphs: bool | None) -> tuple[float, bool]:
+    """(seconds, taken by a bucket) of the step that prefills a lone prompt (graphs None: the default)."""
     profile = load_profile(SERVED)
-    args = ["--kv-cache-memory-bytes", "2G", *(["--mixed-step-graphs"] if graphs else [])]
+    flag = {True: ["--mixed-step-graphs"], False: ["--no-mixed-step-graphs"], None: []}[graphs]
+    args = ["--kv-cache-memory-bytes", "2G", *flag]
     engine = make_engines(profile, engine_config(profile, args, "vllm"), 1, EventLoop())[0]
     engine.add("r", list(range(1, prompt_tokens + 1)), 4, seed=0)
     batch, seconds = engine.start_step()
@@ -27,6 +28,7 @@ def test_a_short_prompts_step_costs_the_graphed_fixed_cost():
     eager, _ = _first_step(300, graphs=False)
     assert taken
     assert eager - graphed == pytest.approx(profile.prefill_step_s - profile.graphed_step_s)
+    assert _first_step(300, graphs=None) == (graphed, True)  # the default where the profile has the cost
 
 
 def test_a_chunk_longer_than_any_bucket_runs_eagerly_as_before():
@@ -38,5 +40,6 @@ def test_a_chunk_longer_than_any_bucket_runs_eagerly_as_before():
 def test_a_profile_without_the_graphed_cost_refuses_the_flag():
     profile = load_profile()  # the unserved H200 profile: no graphed_step_s
     assert profile.graphed_step_s is None
+    assert make_engines(profile, engine_config(profile, [], "vllm"), 1, EventLoop())[0].buckets is None
     with pytest.raises(ValueError, match="graphed_step_s"):
         make_engines(profile, engine_config(profile, ["--mixed-step-graphs"], "vllm"), 1, EventLoop())
