@@ -138,6 +138,8 @@ class AsyncEngine:
     def shutdown(self) -> None:
         if not self._stopped and self._thread.is_alive():
             logger.info("threads' CPU seconds: %s", describe(thread_cpu_seconds()))
+            if self.engine.compiles.installed:
+                logger.info("Triton: %s", self.engine.compiles.describe())
             if (pauses := serving_pauses()) is not None:
                 logger.info("garbage collector pauses: %s", pauses.describe())
                 if pauses.census is not None:
