@@ -144,7 +144,8 @@ class LLMEngine:
         while serving would stall that step for seconds. The caller then starts a fresh cache, so nothing of
         this is served or counted."""
         top = min(self.config.max_num_batched_tokens, self.max_model_len // 2)
-        sizes = sorted({min(top, 1 << k) for k in range(1, top.bit_length() + 1)} - {1})
+        # largest first: a kernel tuned per size class is tuned at the longest batch of the class
+        sizes = sorted({min(top, 1 << k) for k in range(1, top.bit_length() + 1)} - {1}, reverse=True)
         params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
         for n in sizes:
             first = [(7 * i + n) % (self.spec.vocab_size - 1) + 1 for i in range(n)]

@@ -8,6 +8,7 @@ and exported states are windows of the same two sources, gathered before the poo
 
 from __future__ import annotations
 
+import inspect
 import os
 from itertools import accumulate, pairwise
 
@@ -20,7 +21,9 @@ from flashstate.ops.pooled import decode_exports
 
 # Tokens per tile, channels per tile and warps, tuned per shape on the card (a 32k prefill spent ~5× the
 # conv's memory time with one fixed 32 × 128 tile, then ~4× with the token tile tuned alone); `t_bucket`
-# (log2 of the token count) lets short and long batches differ. A channel tile must divide every inner
+# (`_size_class`: short, middling, long batches) lets them differ. Few classes: each is tuned the first time
+# a batch of its size runs (a stall of seconds inside a serving step, hence the engine's warm-up), and the
+# results are kept on disk where Triton can (`cache_results`). A channel tile must divide every inner
 # part boundary (`BD_MAX`, from `_tile`), and tiles stay within 16k elements (the fp32 accumulator lives
 # in registers). Triton's interpreter cannot time configs (even one left by pruning): there, one config
 # with the smallest channel tile, which divides every boundary `_tile` accepts.
@@ -36,6 +39,17 @@ _CONV_CONFIGS = [
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def _size_class(t: int) -> int:
+    """The autotuning key's token-count class: < 256 tokens (decode-heavy steps), < 4,096, longer."""
+    return 0 if t < 256 else 1 if t < 4096 else 2
+
+
+# autotuning results on disk, reused by the next process, where this Triton can (its `cache_results`)
+_TUNING_CACHE = (
+    {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
+)
+
+
 def _prune_conv_configs(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
     bd_max = named_args["BD_MAX"]
     return [c for c in configs if min(bd_max, 128) <= c.kwargs["BD"] <= bd_max]
@@ -45,6 +59,7 @@ def _prune_conv_configs(configs: list[triton.Config], named_args: dict, **kwargs
     configs=[triton.Config({"BT": 32, "BD": 16}, num_warps=4)] if _INTERPRETED else _CONV_CONFIGS,
     key=["D", "split_a", "split_b", "t_bucket", "K", "BD_MAX"],
     prune_configs_by={"early_config_prune": _prune_conv_configs},
+    **_TUNING_CACHE,
 )
 @triton.jit
 def _conv_kernel(
@@ -332,7 +347,7 @@ def causal_conv1d(
             dim,
             bounds[0],
             bounds[1],
-            t_total.bit_length(),
+            _size_class(t_total),
             x.stride(0),
             conv_state_pool.stride(0),
             conv_state_pool.stride(1),
