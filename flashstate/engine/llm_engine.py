@@ -101,11 +101,10 @@ class LLMEngine:
         self.requests: dict[str, RequestState] = {}
         self._ids = itertools.count()
         self.host = None
+        self.compiles = CompileWatch()  # kernels the warm-up missed, from its end on
         if self.device.type == "cuda":
             self._new_cache()
             self._warm_up()
-        self.compiles = CompileWatch()  # kernels the warm-up missed, from here on
-        if self.device.type == "cuda":
             self.compiles.install()
         self.host = build_host_tier(config, self.model, caches, self.cost)
         self._new_cache()
