@@ -193,14 +193,20 @@ def test_objects_are_raw_tensors_behind_a_header():
     assert CHUNK % BLOCK == 0
 
 
-def test_fetched_objects_pass_through_staging_and_free_it_when_dropped(new_store):
-    caches = make_caches(seed=3)
+def _staged(store, seed: int):
+    """A tier fetching through a staging arena, holding one 22-token state written from slot 2: (caches,
+    staging, tier, tokens, hit)."""
+    caches = make_caches(seed=seed)
     staging = HostArena(1 << 20)
-    tier = make_tier(new_store(), caches, staging=staging)
-    tokens = _tokens(22, 4)
+    tier = make_tier(store, caches, staging=staging)
+    tokens = _tokens(22, seed + 1)
     tier.write_back(tokens, 22, _blocks(22), slot=2)
     tier.flush()
-    hit = tier.lookup(tokens + [1], limit=22)
+    return caches, staging, tier, tokens, tier.lookup(tokens + [1], limit=22)
+
+
+def test_fetched_objects_pass_through_staging_and_free_it_when_dropped(new_store):
+    caches, staging, tier, tokens, hit = _staged(new_store(), seed=3)
     objects = tier.fetch(hit)
     assert staging.free_bytes < staging.nbytes  # the objects now live in staging memory
     tier.load(hit, objects, _blocks(22, first=30), slot=6)
@@ -222,13 +228,7 @@ def test_fetched_objects_pass_through_staging_and_free_it_when_dropped(new_store
 
 @pytest.mark.parametrize("cancel", [False, True])
 def test_a_dropped_restore_frees_its_fetched_objects_without_the_collector(new_store, cancel):
-    caches = make_caches(seed=5)
-    staging = HostArena(1 << 20)
-    tier = make_tier(new_store(), caches, staging=staging)
-    tokens = _tokens(22, 6)
-    tier.write_back(tokens, 22, _blocks(22), slot=2)
-    tier.flush()
-    hit = tier.lookup(tokens + [1], limit=22)
+    _, staging, tier, _, hit = _staged(new_store(), seed=5)
     gc.collect()
     gc.disable()  # refcounting alone must free a restore: the collector pauses the engine to find cycles
     try:
