@@ -34,6 +34,7 @@ from flashstate.engine.request_state import RequestState
 from flashstate.engine.scheduler import ScheduledBatch, Scheduler
 from flashstate.engine.sequence import Sequence
 from flashstate.engine.step_trace import StepTrace
+from flashstate.engine.warm_up import warm_up
 from flashstate.models.loader import load_model
 from flashstate.models.spec import DTYPES
 from flashstate.ops.compile_watch import CompileWatch
@@ -104,7 +105,7 @@ class LLMEngine:
         self.compiles = CompileWatch()  # kernels the warm-up missed, from its end on
         if self.device.type == "cuda":
             self._new_cache()
-            self._warm_up()
+            warm_up(self)
             self.compiles.install()
         self.host = build_host_tier(config, self.model, caches, self.cost)
         self._new_cache()
@@ -135,24 +136,6 @@ class LLMEngine:
             byte_budget=self.plan.shared_bytes,
         )
         self.scheduler = Scheduler.from_config(self.cache, c, self.max_model_len)
-
-    def _warm_up(self) -> None:
-        """Compile the GPU kernels of every serving path before the first request (a fresh prefill, a prefill
-        over a cached prefix exporting a state, mixed and decode steps) at every power-of-two step size up to
-        the token budget: some kernels are tuned per size bucket (the short conv), and a bucket first met
-        while serving would stall that step for seconds. The caller then starts a fresh cache, so nothing of
-        this is served or counted."""
-        top = min(self.config.max_num_batched_tokens, self.max_model_len // 2)
-        # largest first: a kernel tuned per size class is tuned at the longest batch of the class
-        sizes = sorted({min(top, 1 << k) for k in range(1, top.bit_length() + 1)} - {1}, reverse=True)
-        params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
-        for n in sizes:
-            first = [(7 * i + n) % (self.spec.vocab_size - 1) + 1 for i in range(n)]
-            for ids, marks in ((first, [n // 2]), (first + first[: n // 2], [n + n // 4])):
-                self.add_request(ids, params, checkpoint_positions=marks)
-                self.add_request(first[: max(1, n // 3)], params)  # a second sequence: mixed steps
-                while self.has_unfinished():
-                    self.step()
 
     def _prefill_cost(self, caches: CacheTensors) -> PrefillCost:
         """C(n) from the flag, else (when GDS needs it) the cached or a fresh calibration."""

@@ -161,25 +161,3 @@ def test_seeded_sampling_is_reproducible_across_batches(tiny_model_dir):
         [p, SamplingParams(temperature=1.0, max_tokens=10), SamplingParams(temperature=0.7, max_tokens=3)],
     )
     assert mixed[0].token_ids == alone
-
-
-@pytest.mark.parametrize("policy", ["flashstate", "vllm"])
-def test_a_warm_up_leaves_nothing_behind(tiny_model_dir, alone, policy):
-    """The GPU start-up warm-up (run here on the CPU) steps at every power-of-two size bucket up to the token
-    budget, prefilling fresh and over a cached prefix; afterwards a fresh cache holds nothing, counts nothing,
-    and the outputs are those of an engine that never warmed up."""
-    prompts, want = alone
-    llm = LLM(tiny_model_dir, max_num_batched_tokens=1024, cache_policy=policy)
-    engine = llm.engine
-    steps, run = [], engine.runner.run
-    engine.runner.run = lambda batch: steps.append(sum(batch.num_tokens)) or run(batch)
-    engine._warm_up()
-    engine.runner.run = run
-    assert {t.bit_length() - 1 for t in steps} == set(range(1, 11))  # 2-3, 4-7, ..., 1024: every bucket
-    assert engine.cache.stats.queries == 10 * 4  # it did run requests through the cache (4 per size)...
-    assert engine.cache.stats.cached_tokens > 0  # ...and hit it
-    engine._new_cache()
-    assert engine.cache.stats.queries == 0 and engine.cache.num_checkpoints == 0
-    assert engine.cache.block_pool.num_free == engine.cache.block_pool.num_blocks
-    assert [llm.generate(p, GREEDY)[0].token_ids for p in prompts[:3]] == want[:3]
-    engine.check_integrity()

@@ -238,8 +238,7 @@ class HostTier:
         with self._lock:
             self.index.pin(hit.key, 1)  # its objects' bytes must stay put until the copies have landed
         restore = HostRestore(self, hit, first_chunk, kv_depth, blocks, slot)
-        # nothing the future keeps once done refers back to the restore: a cycle through its callbacks
-        # would leave the fetched objects (thousands of views) to the garbage collector
+        # no callback refers back to the restore: a cycle would leave its fetched objects to the collector
         restore.future = future = self._fetcher.submit(self._fetch_in_background, restore)
         self._fetches.add(future)
         future.add_done_callback(self._fetches.discard)

@@ -1,0 +1,36 @@
+"""The GPU start-up warm-up (flashstate/engine/warm_up.py), run here on the CPU."""
+
+import pytest
+
+from flashstate import LLM
+from flashstate.engine.warm_up import warm_up
+from tests.engine.test_llm_engine import GREEDY, _prompts
+
+
+@pytest.fixture(scope="module")
+def alone(tiny_model_dir):
+    llm = LLM(tiny_model_dir)
+    prompts = _prompts(3, llm.engine.spec.vocab_size)
+    return prompts, [llm.generate(p, GREEDY)[0].token_ids for p in prompts]
+
+
+@pytest.mark.parametrize("policy", ["flashstate", "vllm"])
+def test_a_warm_up_leaves_nothing_behind(tiny_model_dir, alone, policy):
+    """The warm-up steps at every power-of-two size bucket up to the token
+    budget, prefilling fresh and over a cached prefix; afterwards a fresh cache holds nothing, counts nothing,
+    and the outputs are those of an engine that never warmed up."""
+    prompts, want = alone
+    llm = LLM(tiny_model_dir, max_num_batched_tokens=1024, cache_policy=policy)
+    engine = llm.engine
+    steps, run = [], engine.runner.run
+    engine.runner.run = lambda batch: steps.append(sum(batch.num_tokens)) or run(batch)
+    warm_up(engine)
+    engine.runner.run = run
+    assert {t.bit_length() - 1 for t in steps} == set(range(1, 11))  # 2-3, 4-7, ..., 1024: every bucket
+    assert engine.cache.stats.queries == 10 * 4  # it did run requests through the cache (4 per size)...
+    assert engine.cache.stats.cached_tokens > 0  # ...and hit it
+    engine._new_cache()
+    assert engine.cache.stats.queries == 0 and engine.cache.num_checkpoints == 0
+    assert engine.cache.block_pool.num_free == engine.cache.block_pool.num_blocks
+    assert [llm.generate(p, GREEDY)[0].token_ids for p in prompts] == want
+    engine.check_integrity()
