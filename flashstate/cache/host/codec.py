@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import struct
 import zlib
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -130,6 +132,17 @@ def verify(key: str, buffer: torch.Tensor) -> list[Spec] | None:
     if header.get("key") != key or _layout(key, specs)[2] != buffer.numel():
         return None
     return specs
+
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def verify_many(objects: list[tuple[str, torch.Tensor]]) -> list[list[Spec] | None]:
+    """`verify` of each (key, buffer), in parallel on a shared thread pool."""
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(min(os.cpu_count() or 1, 16), thread_name_prefix="flashstate-host-verify")
+    return list(_POOL.map(lambda kb: verify(*kb), objects))
 
 
 def views(key: str, buffer: torch.Tensor, specs: list[Spec]) -> list[torch.Tensor]:

@@ -27,7 +27,6 @@ the store every `retry_seconds` (joining it if it never did) and resumes when it
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -36,7 +35,7 @@ import torch
 
 from flashstate.cache.cost import PrefillCost
 from flashstate.cache.host.arena import HostArena
-from flashstate.cache.host.codec import ObjectBuilder, object_size, verify, views
+from flashstate.cache.host.codec import ObjectBuilder, object_size, verify_many, views
 from flashstate.cache.host.index import HostHit, HostIndex
 from flashstate.cache.host.layout import HostLayout
 from flashstate.cache.host.restore import HostRestore, Landing
@@ -46,15 +45,7 @@ from flashstate.cache.host.transfer import StateTransfer
 from flashstate.cache.host.writer import HostWriter
 
 logger = logging.getLogger("flashstate.host")
-_POOL: ThreadPoolExecutor | None = None
 PROBE_CHUNKS = 4  # a shared store is probed for states in this many chunks below the prompt's end
-
-
-def _verify_pool() -> ThreadPoolExecutor:
-    global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(min(os.cpu_count() or 1, 16), thread_name_prefix="flashstate-host-verify")
-    return _POOL
 
 
 class HostTier:
@@ -270,9 +261,7 @@ class HostTier:
             self.mark_unavailable(e)
             return None
         pairs = [(k, b) for k, b in zip(keys, buffers, strict=True) if b is not None]
-        verified = dict(
-            zip([k for k, _ in pairs], _verify_pool().map(lambda kb: verify(*kb), pairs), strict=True)
-        )
+        verified = dict(zip([k for k, _ in pairs], verify_many(pairs), strict=True))
         objects = []
         for key, buffer in zip(keys, buffers, strict=True):
             specs = verified.get(key)
