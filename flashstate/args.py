@@ -239,6 +239,13 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
         f"{d.host_chunk_tokens}); larger: fewer objects per restore, less sharing between branching states",
     )
     h.add_argument(
+        "--host-inline-fetch",
+        action=argparse.BooleanOptionalAction,
+        default=d.host_inline_fetch,
+        help="read and verify a restore from the in-process store on the engine thread when the request is "
+        "admitted, so it runs in that very step rather than the next (no effect on the mooncake store)",
+    )
+    h.add_argument(
         "--mooncake-master",
         default=d.mooncake_master,
         metavar="HOST:PORT",

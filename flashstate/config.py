@@ -56,6 +56,9 @@ class EngineConfig:
     # make a restore fewer store reads and checksums; smaller ones share more between branching states
     host_chunk_tokens: int = 1024
     mooncake_master: str | None = None  # HOST:PORT of a running mooncake_master (host_cache="mooncake")
+    # the in-process store's restores are read and verified on the engine thread at admission, and the
+    # sequence joins the step that admits it (a step sooner); no effect on Mooncake's, read in the background
+    host_inline_fetch: bool = False
     # Server.
     host: str = "127.0.0.1"
     port: int = 8000

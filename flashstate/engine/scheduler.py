@@ -164,6 +164,10 @@ class Scheduler:
                 seq.stats.admitted_time = self.cache.clock()
                 seq.status = SequenceStatus.RESTORING
                 self.restoring.append(seq)
+                if seq.restore.ready():  # fetched inline: the restored sequence takes budget in this step
+                    self._poll_restore(seq)
+                    if seq.status is SequenceStatus.RUNNING:
+                        deferred.append(seq)
                 continue
             if not (self.cache.make_room(room) and self.cache.allocate(seq, n)):
                 self.cache.release(seq, commit=False)
@@ -216,20 +220,24 @@ class Scheduler:
 
     def _poll_restores(self) -> None:
         for seq in list(self.restoring):
-            restore = seq.restore
-            done = self.cache.poll_restore(seq)
-            if done is None:
-                continue
-            self.restoring.remove(seq)
-            if done:
-                seq.stats.fetched_time, seq.stats.running_time = restore.fetched_at, self.cache.clock()
-                self.cache.record_admission(seq)
-                seq.status = SequenceStatus.RUNNING
-                self.running.append(seq)
-            else:  # the restore failed and released everything: admitted again from the GPU cache
-                seq.num_computed_tokens = 0
-                seq.status = SequenceStatus.WAITING
-                self.waiting.appendleft(seq)
+            self._poll_restore(seq)
+
+    def _poll_restore(self, seq: Sequence) -> None:
+        """A restoring sequence runs once its state has landed, or waits again if its restore failed."""
+        restore = seq.restore
+        done = self.cache.poll_restore(seq)
+        if done is None:
+            return
+        self.restoring.remove(seq)
+        if done:
+            seq.stats.fetched_time, seq.stats.running_time = restore.fetched_at, self.cache.clock()
+            self.cache.record_admission(seq)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+        else:  # the restore failed and released everything: admitted again from the GPU cache
+            seq.num_computed_tokens = 0
+            seq.status = SequenceStatus.WAITING
+            self.waiting.appendleft(seq)
 
     def _blocks_to_first_token(self, seq: Sequence) -> int:
         need = self.cache.block_pool.blocks_for(len(seq.token_ids) + 1) - len(seq.block_table)

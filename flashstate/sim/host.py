@@ -62,6 +62,9 @@ class SimRestore:
     def depth(self) -> int:
         return self.hit.depth
 
+    def ready(self) -> bool:
+        return self.clock() >= self.ready_at
+
     def poll(self) -> RestorePhase:
         if self.clock() < self.ready_at:
             return RestorePhase.PENDING
@@ -82,7 +85,9 @@ class SimHostTier:
         cost: PrefillCost,
         clock: Callable[[], float],
         chunk: int,
+        inline_fetch: bool = False,
     ):
+        self.inline_fetch = inline_fetch  # ready at admission (the fetch's engine-thread time is not charged)
         self.layout = HostLayout("simulated", chunk_tokens(block_size, chunk))
         self.token_bytes = kv_bytes_per_block(spec, 1, dtype)
         self.state_bytes = state_bytes_per_slot(spec, dtype)
@@ -134,6 +139,8 @@ class SimHostTier:
         self.index.touch(hit.key)  # a hit re-stamps the state, as the real tier's load does
         self.restores_started += 1
         objects = len(hit.chunks) - first_chunk + 1  # the chunks not shared from the GPU, then the state
-        ready = self.clock() + fetched / RESTORE_BYTES_PER_S + objects * RESTORE_SECONDS_PER_OBJECT
+        ready = self.clock()
+        if not self.inline_fetch:
+            ready += fetched / RESTORE_BYTES_PER_S + objects * RESTORE_SECONDS_PER_OBJECT
         self.index.pin(hit.key, 1)
         return SimRestore(hit, first_chunk, kv_depth, ready, self.clock, lambda: self.index.pin(hit.key, -1))

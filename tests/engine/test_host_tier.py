@@ -277,3 +277,27 @@ def test_host_restores_leave_no_cyclic_garbage(tiny_model_dir):
     assert llm.engine.host.stats.restores == 6
     assert garbage["Tensor"] == garbage["HostRestore"] == garbage["Future"] == 0, garbage
     llm.engine.close()
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_an_inline_fetch_runs_a_restored_request_in_the_step_that_admits_it(tiny_model_dir, plain, inline):
+    """--host-inline-fetch: the in-process store's restore is read at admission and the request gets its first
+    token from that very step (a background fetch joins a step later); outputs equal full recompute."""
+    llm = LLM(tiny_model_dir, **ENGINE, host_cache_bytes=64 << 20, host_inline_fetch=inline)
+    got = _capture(llm)
+    agents = Agents(llm.engine.spec.vocab_size, seed=4)
+    outs = _check_round(llm, got, plain, agents.contexts)
+    _drop_gpu_cache(llm)
+    agents.advance([o.token_ids for o in outs])
+    engine = llm.engine
+    rid = engine.add_request(agents.contexts[0], PARAMS)
+    steps = 1
+    while not any(o.request_id == rid and o.token_ids for o in engine.step()):
+        steps += 1
+    assert engine.host.stats.restores == 1
+    assert steps == 1 if inline else steps >= 2
+    while engine.has_unfinished():
+        engine.step()
+    _check_round(llm, got, plain, agents.contexts)  # the other two restore as well
+    assert engine.host.stats.restores >= 3
+    engine.close()

@@ -20,10 +20,11 @@ class Clock:
         return self.now
 
 
-def _tier(capacity: int = 64 << 30) -> tuple[SimHostTier, Clock]:
+def _tier(capacity: int = 64 << 30, inline: bool = False) -> tuple[SimHostTier, Clock]:
     clock = Clock()
     spec = model_spec("qwen3-next-2b")
-    return SimHostTier(spec, torch.bfloat16, 64, capacity, PrefillCost(1e-5, 1e-10), clock, 256), clock
+    cost = PrefillCost(1e-5, 1e-10)
+    return SimHostTier(spec, torch.bfloat16, 64, capacity, cost, clock, 256, inline_fetch=inline), clock
 
 
 def test_a_written_state_is_found_once_its_write_has_landed():
@@ -49,10 +50,21 @@ def test_a_restore_lands_after_its_fetched_bytes_at_the_restore_rate_and_its_obj
     fetched = (1000 - 512) * tier.token_bytes + tier.state_bytes  # chunks 0 and 1 shared from the GPU
     objects = 2  # chunk 2 and the state object
     assert restore.ready_at == 10.0 + fetched / sim_host.RESTORE_BYTES_PER_S + objects * 1e-3
-    assert restore.poll() is RestorePhase.PENDING and restore.depth == 1000
+    assert not restore.ready() and restore.poll() is RestorePhase.PENDING and restore.depth == 1000
     assert tier.index.states[hit.key].pins == 1  # not evicted while it is read, as in the real tier
     clock.now = restore.ready_at
-    assert restore.poll() is RestorePhase.READY and tier.index.states[hit.key].pins == 0
+    assert restore.ready() and restore.poll() is RestorePhase.READY and tier.index.states[hit.key].pins == 0
+
+
+def test_an_inline_fetch_is_ready_at_admission():
+    tier, clock = _tier(inline=True)
+    tokens = list(range(1, 1001))
+    tier.write_back(tokens, 1000, blocks=[], slot=0)
+    clock.now = 10.0
+    restore = tier.start_restore(
+        tier.lookup(tokens, limit=1000), first_chunk=0, kv_depth=1000, blocks=[], slot=0
+    )
+    assert restore.ready_at == 10.0 and restore.ready() and restore.poll() is RestorePhase.READY
 
 
 def test_the_host_tier_serves_what_the_gpu_cache_evicted():

@@ -59,7 +59,8 @@ def build_host_tier(
         store = MooncakeStore(config.mooncake_master, capacity, local_buffer_bytes=buffer, connect=False)
     # Mooncake's reads are pageable bytes: on CUDA a restore's objects pass through page-locked staging.
     staging = HostArena(min(capacity, STAGING_BYTES), pin=True) if cuda and kind == "mooncake" else None
-    tier = HostTier(store, transfer, layout, cost, capacity=usable, pin=cuda, staging=staging)
+    inline = config.host_inline_fetch and kind == "memory"
+    tier = HostTier(store, transfer, layout, cost, usable, pin=cuda, staging=staging, inline_fetch=inline)
     if kind == "mooncake":
         try:
             store.connect()

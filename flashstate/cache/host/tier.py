@@ -59,6 +59,7 @@ class HostTier:
         retry_seconds: float = 1.0,
         pin: bool = False,
         staging: HostArena | None = None,
+        inline_fetch: bool = False,
     ):
         if layout.chunk_tokens % transfer.block_size:
             raise ValueError("the host chunk must be a whole number of KV blocks")
@@ -76,6 +77,7 @@ class HostTier:
         self.available = True
         self._pin = pin
         self._staging = staging
+        self.inline_fetch = inline_fetch  # restores read on the caller's thread (an in-process store)
         self._chunk_bytes = object_size(layout.chunk_key(layout.root), transfer.kv_specs(layout.chunk_tokens))
         self._lock = threading.RLock()
         self._writer = HostWriter(
@@ -229,6 +231,10 @@ class HostTier:
         with self._lock:
             self.index.pin(hit.key, 1)  # its objects' bytes must stay put until the copies have landed
         restore = HostRestore(self, hit, first_chunk, kv_depth, blocks, slot)
+        if self.inline_fetch:
+            restore.future = Future()
+            restore.future.set_result(self._fetch_in_background(restore))
+            return restore
         # no callback refers back to the restore: a cycle would leave its fetched objects to the collector
         restore.future = future = self._fetcher.submit(self._fetch_in_background, restore)
         self._fetches.add(future)
