@@ -164,7 +164,7 @@ class Scheduler:
                 seq.stats.admitted_time = self.cache.clock()
                 seq.status = SequenceStatus.RESTORING
                 self.restoring.append(seq)
-                if seq.restore.ready():  # fetched inline: the restored sequence takes budget in this step
+                if seq.restore.inline:  # fetched already: the restored sequence takes budget in this step
                     self._poll_restore(seq)
                     if seq.status is SequenceStatus.RUNNING:
                         deferred.append(seq)

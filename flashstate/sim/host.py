@@ -56,6 +56,7 @@ class SimRestore:
     unpin: Callable[[], None]  # the real tier's pin: the state is not evicted while it is read
     # done: `wait_any` returns at once, as nothing is waited for in simulated time
     future: Future = field(default_factory=_done)
+    inline: bool = False  # ready at admission: the sequence joins the admitting step
     fetched_at: float | None = None  # not modelled apart from the copies
 
     @property
@@ -143,4 +144,5 @@ class SimHostTier:
         if not self.inline_fetch:
             ready += fetched / RESTORE_BYTES_PER_S + objects * RESTORE_SECONDS_PER_OBJECT
         self.index.pin(hit.key, 1)
-        return SimRestore(hit, first_chunk, kv_depth, ready, self.clock, lambda: self.index.pin(hit.key, -1))
+        unpin = lambda: self.index.pin(hit.key, -1)  # noqa: E731
+        return SimRestore(hit, first_chunk, kv_depth, ready, self.clock, unpin, inline=self.inline_fetch)

@@ -42,6 +42,7 @@ class HostRestore:
     blocks: list[int]  # the sequence's block table: ceil(hit.depth / B) blocks
     slot: int
     future: Future | None = None  # the fetch (set by the tier once submitted)
+    inline: bool = False  # fetched on the engine thread at admission: the sequence joins the admitting step
     fetched_at: float | None = None  # time.monotonic() when the fetch finished (the fetch thread sets it)
 
     @property

@@ -232,7 +232,7 @@ class HostTier:
             self.index.pin(hit.key, 1)  # its objects' bytes must stay put until the copies have landed
         restore = HostRestore(self, hit, first_chunk, kv_depth, blocks, slot)
         if self.inline_fetch:
-            restore.future = Future()
+            restore.future, restore.inline = Future(), True
             restore.future.set_result(self._fetch_in_background(restore))
             return restore
         # no callback refers back to the restore: a cycle would leave its fetched objects to the collector
