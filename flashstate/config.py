@@ -90,6 +90,11 @@ class EngineConfig:
             return "memory"
         return self.host_cache
 
+    @property
+    def host_inline(self) -> bool:
+        """Restores fetched inline at admission: asked for, and the store is the in-process one."""
+        return self.host_inline_fetch and self.host_tier == "memory"
+
     def graphs_mixed_steps(self, graphs: bool) -> bool:
         """Whether small mixed steps run as CUDA graphs: `mixed_step_graphs` when set, else wherever decode
         steps are graphed (`graphs`: the device has CUDA graphs) and `enforce_eager` is off."""

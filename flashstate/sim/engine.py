@@ -76,9 +76,8 @@ def host_tier(
     """The host tier the config asks for, holding what the real one may fill."""
     if config.host_tier is None:
         return None
-    inline = config.host_inline_fetch and config.host_tier == "memory"
     capacity, chunk = host_capacity(config)[1], config.host_chunk_tokens
-    return SimHostTier(spec, dtype, config.block_size, capacity, cost, clock, chunk, inline)
+    return SimHostTier(spec, dtype, config.block_size, capacity, cost, clock, chunk, config.host_inline)
 
 
 class SimEngine:

@@ -59,8 +59,9 @@ def build_host_tier(
         store = MooncakeStore(config.mooncake_master, capacity, local_buffer_bytes=buffer, connect=False)
     # Mooncake's reads are pageable bytes: on CUDA a restore's objects pass through page-locked staging.
     staging = HostArena(min(capacity, STAGING_BYTES), pin=True) if cuda and kind == "mooncake" else None
-    inline = config.host_inline_fetch and kind == "memory"
-    tier = HostTier(store, transfer, layout, cost, usable, pin=cuda, staging=staging, inline_fetch=inline)
+    tier = HostTier(
+        store, transfer, layout, cost, usable, pin=cuda, staging=staging, inline_fetch=config.host_inline
+    )
     if kind == "mooncake":
         try:
             store.connect()

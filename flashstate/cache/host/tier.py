@@ -233,10 +233,10 @@ class HostTier:
         restore = HostRestore(self, hit, first_chunk, kv_depth, blocks, slot)
         if self.inline_fetch:
             restore.future, restore.inline = Future(), True
-            restore.future.set_result(self._fetch_in_background(restore))
+            restore.future.set_result(self._fetch_restore(restore))
             return restore
         # no callback refers back to the restore: a cycle would leave its fetched objects to the collector
-        restore.future = future = self._fetcher.submit(self._fetch_in_background, restore)
+        restore.future = future = self._fetcher.submit(self._fetch_restore, restore)
         self._fetches.add(future)
         future.add_done_callback(self._fetches.discard)
         return restore
@@ -246,7 +246,7 @@ class HostTier:
         with self._lock:
             self.index.pin(hit.key, -1)
 
-    def _fetch_in_background(self, restore: HostRestore) -> list[list[torch.Tensor]] | None:
+    def _fetch_restore(self, restore: HostRestore) -> list[list[torch.Tensor]] | None:
         try:
             return self.fetch(restore.hit, restore.first_chunk)
         except Exception:  # a failed fetch is a miss, never a failed request
