@@ -243,7 +243,8 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=d.host_inline_fetch,
         help="read and verify a restore from the in-process store on the engine thread when the request is "
-        "admitted, so it runs in that very step rather than the next (no effect on the mooncake store)",
+        "admitted, so it runs in that very step rather than the next (default on; no effect on the mooncake "
+        "store)",
     )
     h.add_argument(
         "--mooncake-master",

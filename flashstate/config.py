@@ -58,7 +58,7 @@ class EngineConfig:
     mooncake_master: str | None = None  # HOST:PORT of a running mooncake_master (host_cache="mooncake")
     # the in-process store's restores are read and verified on the engine thread at admission, and the
     # sequence joins the step that admits it (a step sooner); no effect on Mooncake's, read in the background
-    host_inline_fetch: bool = False
+    host_inline_fetch: bool = True
     # Server.
     host: str = "127.0.0.1"
     port: int = 8000

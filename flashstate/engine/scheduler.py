@@ -148,6 +148,7 @@ class Scheduler:
             and len(self.running) + len(self.restoring) < self.max_num_seqs
         ):
             seq = self.waiting[0]
+            admitting = self.cache.clock()  # before admit(): an inline restore is fetched inside it
             if not self.cache.admit(seq):
                 break
             n = self._chunk(seq, budget)
@@ -161,7 +162,7 @@ class Scheduler:
                     self.cache.release(seq, commit=False)
                     break
                 self.waiting.popleft()
-                seq.stats.admitted_time = self.cache.clock()
+                seq.stats.admitted_time = admitting
                 seq.status = SequenceStatus.RESTORING
                 self.restoring.append(seq)
                 if seq.restore.inline:  # fetched already: the restored sequence takes budget in this step

@@ -14,13 +14,15 @@ from flashstate.engine.sequence import SequenceStatus
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 # an explicit budget: on a GPU the automatic one would give the first engine of the module 90% of it;
-# 256-token host chunks (the default is 1,024), so these prompts span shared chunks
+# 256-token host chunks (the default is 1,024), so these prompts span shared chunks; the in-process store's
+# fetch in the background, as Mooncake's (by default it is read inline at admission)
 ENGINE = dict(
     block_size=4,
     max_num_batched_tokens=256,
     prefill_cost_coefficients=(1e-5, 1e-8),
     kv_cache_memory_bytes=512 << 20,
     host_chunk_tokens=256,
+    host_inline_fetch=False,
 )
 
 

@@ -301,3 +301,23 @@ def test_an_inline_fetch_runs_a_restored_request_in_the_step_that_admits_it(tiny
     _check_round(llm, got, plain, agents.contexts)  # the other two restore as well
     assert engine.host.stats.restores >= 3
     engine.close()
+
+
+def test_a_corrupt_object_found_by_an_inline_fetch_falls_back_to_recompute(tiny_model_dir, plain):
+    llm = LLM(tiny_model_dir, **ENGINE, host_cache_bytes=64 << 20)
+    assert llm.engine.config.host_inline
+    got = _capture(llm)
+    agents = Agents(llm.engine.spec.vocab_size, seed=5)
+    outs = _check_round(llm, got, plain, agents.contexts)
+    _drop_gpu_cache(llm)
+    agents.advance([o.token_ids for o in outs])
+    host = llm.engine.host
+    hit = host.lookup(agents.contexts[0], len(agents.contexts[0]) - 1)
+    bad = host.store.get(hit.key).clone()
+    bad[-1] ^= 1
+    host.store.remove(hit.key)
+    assert host.store.put(hit.key, bad)
+    outs = _check_round(llm, got, plain, agents.contexts)  # the first recomputed, the other two restored
+    assert host.stats.misses_corrupt == 1 and host.stats.restores == 2
+    assert outs[0].num_cached_tokens == 0
+    llm.engine.close()
