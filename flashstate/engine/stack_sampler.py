@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import collections
 import sys
+import sysconfig
 import threading
 import time
+from pathlib import Path
 
 ENV = "FLASHSTATE_STACK_SAMPLE"
 
@@ -71,10 +73,28 @@ class StackSampler:
         return "\n".join(lines) + "\n"
 
 
+def _forms(path: Path) -> set[str]:
+    return {str(path).replace("\\", "/").rstrip("/"), str(path.resolve()).replace("\\", "/").rstrip("/")}
+
+
+# This package's own folder, from this module's file (never from the checkout's folder name), and the
+# interpreter's library folders, longest first: a source path is shown relative to them.
+_PACKAGE_NAME = __name__.partition(".")[0]
+_PACKAGE_DIRS = _forms(Path(__file__).parents[1])
+_LIBRARY_DIRS = sorted(
+    {f for k, v in sysconfig.get_paths().items() if k.endswith(("stdlib", "lib")) for f in _forms(Path(v))},
+    key=len,
+    reverse=True,
+)
+
+
 def _short(path: str) -> str:
-    """A source path from its package on (flashstate/…, torch/…), else its file name."""
-    parts = path.replace("\\", "/").split("/")
-    for i in range(len(parts) - 1, -1, -1):
-        if parts[i] in ("flashstate", "torch", "fla", "uvicorn", "asyncio", "threading.py"):
-            return "/".join(parts[i:])
-    return parts[-1]
+    """A source path from its package on (flashstate/…, torch/…, asyncio/…), else its file name."""
+    path = path.replace("\\", "/")
+    for root in _PACKAGE_DIRS:
+        if path.startswith(root + "/"):
+            return f"{_PACKAGE_NAME}/{path[len(root) + 1 :]}"
+    for root in _LIBRARY_DIRS:
+        if path.startswith(root + "/"):
+            return path[len(root) + 1 :]
+    return path.rpartition("/")[2]

@@ -1,9 +1,11 @@
 import asyncio
+import importlib.util
 import os
 import threading
 import time
 
 from flashstate import EngineConfig, SamplingParams
+from flashstate.engine import stack_sampler
 from flashstate.engine.async_engine import AsyncEngine
 from flashstate.engine.stack_sampler import StackSampler
 
@@ -26,6 +28,38 @@ def test_samples_name_the_function_a_thread_is_in():
     assert sampler.inclusive["test_stack_sampler.py:_spin_in_marker"] >= 0.9 * sampler.samples
     report = sampler.report()
     assert "test_stack_sampler.py:_spin_in_marker" in report.split("innermost")[0]
+
+
+def _sample(target, *args) -> StackSampler:
+    stop = threading.Event()
+    worker = threading.Thread(target=target, args=(*args, stop))
+    worker.start()
+    sampler = StackSampler(worker.ident, interval=0.001).start()
+    deadline = time.monotonic() + 60  # a bound on a loaded machine, not a timing assertion
+    while sampler.samples < 20 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sampler.stop()
+    stop.set()
+    worker.join()
+    return sampler
+
+
+def test_a_checkout_folder_named_flashstate_does_not_name_its_files(tmp_path):
+    """`git clone` makes a folder named like the package: a test file there is shown by its file name,
+    not cut at the folder's name (flashstate/tests/...); the package's own files stay flashstate/…."""
+    folder = tmp_path / "flashstate" / "tests" / "engine"
+    folder.mkdir(parents=True)
+    (folder / "spin_helper.py").write_text(
+        "def spin(stop):\n    while not stop.is_set():\n        sum(range(1000))\n"
+    )
+    spec = importlib.util.spec_from_file_location("spin_helper", folder / "spin_helper.py")
+    helper = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(helper)
+    sampler = _sample(helper.spin)
+    assert sampler.inclusive["spin_helper.py:spin"] >= 0.9 * sampler.samples, sampler.inclusive
+    assert stack_sampler._short(stack_sampler.__file__) == "flashstate/engine/stack_sampler.py"
+    assert stack_sampler._short(threading.__file__) == "threading.py"
+    assert stack_sampler._short(asyncio.events.__file__) == "asyncio/events.py"
 
 
 def test_the_engine_thread_writes_its_report_at_shutdown(tiny_model_dir, tmp_path, monkeypatch):
