@@ -8,12 +8,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# Where coefficients come from: the flag, a fit cached on disk, a fit measured now, the built-in default.
+SOURCE_KINDS = ("given", "cached", "measured", "default")
+
 
 @dataclass(frozen=True, slots=True)
 class PrefillCost:
     a: float  # seconds per token
     b: float  # seconds per token²
-    source: str = "given"  # "given" | "calibrated" | "cached:<path>" | "default"
+    source: str = "given"  # one of SOURCE_KINDS, or "<kind>:<detail>" (e.g. a simulator profile)
+
+    @property
+    def kind(self) -> str:
+        """The source as one of SOURCE_KINDS (a label for metrics: never a path); anything else, such as
+        a simulator's hardware profile, counts as given."""
+        head = self.source.partition(":")[0]
+        return head if head in SOURCE_KINDS else "given"
 
     def __call__(self, n: int) -> float:
         return self.a * n + self.b * n * n
@@ -23,7 +33,7 @@ class PrefillCost:
         return self(depth) - self(base)
 
     @classmethod
-    def fit(cls, lengths: list[int], seconds: list[float], source: str = "calibrated") -> PrefillCost:
+    def fit(cls, lengths: list[int], seconds: list[float], source: str = "measured") -> PrefillCost:
         """Least squares of seconds ≈ a·n + b·n² with a, b ≥ 0 (no intercept: C(0) = 0)."""
         if len(lengths) < 2 or len(lengths) != len(seconds):
             raise ValueError("need at least two (length, seconds) points")

@@ -182,8 +182,8 @@ class _EngineCollector(Collector):
                 "Prefill cost C(n) = a·n + b·n² in use (seconds per token, per token²).",
                 labels=["model_name", "term", "source"],
             )
-            coef.add_metric([*m, "a", str(cost.source)], cost.a)
-            coef.add_metric([*m, "b", str(cost.source)], cost.b)
+            coef.add_metric([*m, "a", cost.kind], cost.a)  # a kind, never a path
+            coef.add_metric([*m, "b", cost.kind], cost.b)
             yield coef
         info = GaugeMetricFamily(
             "vllm:cache_config_info",

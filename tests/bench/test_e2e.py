@@ -1,7 +1,9 @@
 """`flashstate bench` against real `flashstate serve` processes (embedded tiny model, CPU, 127.0.0.1)."""
 
 import json
+import re
 
+import httpx
 import pytest
 
 from flashstate.bench.compare import ServerSpec, server_process
@@ -56,6 +58,14 @@ def test_run_in_completions_and_chat_mode_on_a_real_server(real_server, tmp_path
             assert any(q["depth"] == 1 for q in r["requests"])  # sub-agents ran
         else:
             assert all(q["echoed"] for q in r["requests"] if not q["too_long"])  # assistant text kept
+
+
+def test_the_prefill_cost_source_label_is_a_kind_not_a_path(real_server):
+    """The server calibrated C(n) (or fell back to the default on a busy machine): /metrics says which."""
+    text = httpx.get(f"{real_server}/metrics", timeout=30).text
+    lines = [ln for ln in text.splitlines() if ln.startswith("flashstate:prefill_cost_coefficient{")]
+    sources = {re.search(r'source="([^"]*)"', ln).group(1) for ln in lines}
+    assert len(lines) == 2 and len(sources) == 1 and sources <= {"measured", "cached", "default"}, lines
 
 
 def test_mooncake_trace_on_a_real_server(real_server, tmp_path):
