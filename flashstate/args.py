@@ -247,6 +247,22 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
         "store)",
     )
     h.add_argument(
+        "--host-cache-timeout",
+        type=float,
+        default=d.host_cache_timeout,
+        metavar="SECONDS",
+        help="deadline of any one host-store call (default %(default)s): past it the store counts as down, "
+        "serving goes on from the GPU cache and the store is probed in the background until it answers",
+    )
+    h.add_argument(
+        "--host-cache-secret-file",
+        default=d.host_cache_secret_file,
+        metavar="PATH",
+        help="deployment secret: every host-tier object carries an HMAC-SHA256 under it, and one that does "
+        "not verify is a miss (default: env FLASHSTATE_HOST_CACHE_SECRET; without either, a shared store "
+        "must be on a trusted network)",
+    )
+    h.add_argument(
         "--mooncake-master",
         default=d.mooncake_master,
         metavar="HOST:PORT",

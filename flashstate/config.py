@@ -59,6 +59,12 @@ class EngineConfig:
     # the in-process store's restores are read and verified on the engine thread at admission, and the
     # sequence joins the step that admits it (a step sooner); no effect on Mooncake's, read in the background
     host_inline_fetch: bool = True
+    # seconds any one host-store call may take (Mooncake): past it the store counts as down (an outage, probed
+    # in the background), so a hung master stalls the engine thread at most this long once per outage
+    host_cache_timeout: float = 5.0
+    # a file holding the deployment secret: every host object carries a MAC under it, and one that does not
+    # verify is a miss (env FLASHSTATE_HOST_CACHE_SECRET when unset); without one, trust the store's network
+    host_cache_secret_file: str | None = None
     # Server.
     host: str = "127.0.0.1"
     port: int = 8000
@@ -182,6 +188,8 @@ class EngineConfig:
             raise ValueError(
                 "the host tier is not part of the vllm policy (it reproduces vLLM's GPU prefix cache alone)"
             )
+        if not self.host_cache_timeout > 0:
+            raise ValueError(f"host_cache_timeout must be > 0 seconds, got {self.host_cache_timeout}")
         if self.host_cache == "mooncake" and self.mooncake_master is None:
             raise ValueError("host_cache='mooncake' needs mooncake_master HOST:PORT")
         if self.mooncake_master is None:

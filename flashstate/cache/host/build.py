@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from flashstate.cache.cost import PrefillCost
@@ -31,12 +33,32 @@ def host_capacity(config: EngineConfig) -> tuple[int, int]:
     return capacity, int(capacity * MOONCAKE_FILL) if config.host_tier == "mooncake" else capacity
 
 
+SECRET_ENV = "FLASHSTATE_HOST_CACHE_SECRET"
+
+
+def host_secret(config: EngineConfig) -> bytes | None:
+    """The deployment secret: the contents of host_cache_secret_file (trailing newlines dropped), else the
+    environment's FLASHSTATE_HOST_CACHE_SECRET, else None. ValueError for an empty one."""
+    if config.host_cache_secret_file is not None:
+        with open(config.host_cache_secret_file, "rb") as f:
+            secret = f.read().rstrip(b"\r\n")
+        where = config.host_cache_secret_file
+    else:
+        secret, where = os.environ.get(SECRET_ENV, "").encode() or None, SECRET_ENV
+        if secret is None:
+            return None
+    if not secret:
+        raise ValueError(f"the host cache secret in {where} is empty")
+    return secret
+
+
 def build_host_tier(
     config: EngineConfig, model: torch.nn.Module, caches: CacheTensors, cost: PrefillCost
 ) -> HostTier | None:
     kind = config.host_tier
     if kind is None:
         return None
+    secret = host_secret(config)  # before any memory is locked or a store joined: a bad file fails first
     spec = model.spec
     dtype = next(model.parameters()).dtype
     chunk = chunk_tokens(config.block_size, config.host_chunk_tokens)
@@ -56,11 +78,25 @@ def build_host_tier(
             object_size(layout.chunk_key(layout.root), transfer.state_specs(chunk)),
         )
         buffer = max(2 * largest, 16 << 20)
-        store = MooncakeStore(config.mooncake_master, capacity, local_buffer_bytes=buffer, connect=False)
+        store = MooncakeStore(
+            config.mooncake_master,
+            capacity,
+            local_buffer_bytes=buffer,
+            connect=False,
+            timeout=config.host_cache_timeout,
+        )
     # Mooncake's reads are pageable bytes: on CUDA a restore's objects pass through page-locked staging.
     staging = HostArena(min(capacity, STAGING_BYTES), pin=True) if cuda and kind == "mooncake" else None
     tier = HostTier(
-        store, transfer, layout, cost, usable, pin=cuda, staging=staging, inline_fetch=config.host_inline
+        store,
+        transfer,
+        layout,
+        cost,
+        usable,
+        pin=cuda,
+        staging=staging,
+        inline_fetch=config.host_inline,
+        secret=secret,
     )
     if kind == "mooncake":
         try:

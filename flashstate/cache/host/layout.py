@@ -3,16 +3,19 @@ hash, position), everything under the model fingerprint.
 
     tokens  | chunk 0 | chunk 1 | … | chunk j-1 | tail |        (C = chunk_tokens, a multiple of the block)
     h_0 = H(fingerprint),  h_{i+1} = H(h_i, tokens of chunk i)
+    (a request with a cache salt starts from h_0 = H(H(fingerprint), "salt", salt) instead)
     KV object of chunk i:     {prefix}/kv/{h_{i+1}}      every attention layer's K, V of its C tokens
     state object at depth p:  {prefix}/state/{H(h_j, tail, p)},  j = floor(p / C)
                               every linear layer's conv + recurrent state after token p - 1, and the
                               attention K, V of the tail tokens [jC, p)
 A state at depth p restores from chunks 1..j and its state object. Equal prefixes give equal keys, so
-a request writes only the chunks (and state) the store lacks.
+a request writes only the chunks (and state) the store lacks; every key descends from h_0, so requests of
+different cache salts never share an object (salt None: the unsalted keys).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 from array import array
@@ -28,6 +31,11 @@ def _h(*parts: bytes) -> bytes:
     for p in parts:
         h.update(p)
     return h.digest()
+
+
+@functools.lru_cache(maxsize=1024)
+def _salted(root: bytes, salt: str) -> bytes:
+    return _h(root, b"salt", salt.encode())
 
 
 def _token_bytes(tokens: list[int]) -> bytes:
@@ -73,23 +81,33 @@ class HostLayout:
         self.prefix = f"flashstate/{fingerprint}"
         self.root = _h(fingerprint.encode())
 
-    def chain(self, tokens: list[int], depth: int, known: list[bytes] | None = None) -> list[bytes]:
+    def salted_root(self, salt: str | None) -> bytes:
+        """h_0 of a request with cache salt `salt` (None: unsalted)."""
+        return self.root if salt is None else _salted(self.root, salt)
+
+    def chain(
+        self, tokens: list[int], depth: int, known: list[bytes] | None = None, salt: str | None = None
+    ) -> list[bytes]:
         """[h_0, h_1, …, h_j] for the j = floor(depth / C) full chunks of tokens[:depth]. `known`: the chain
-        hashed so far for this token list (which only grows), extended in place; no chunk is hashed twice."""
+        hashed so far for this token list (which only grows) and salt, extended in place; no chunk is hashed
+        twice (a `known` of another salt is started over)."""
         c = self.chunk_tokens
+        root = self.salted_root(salt)
         hashes = known if known is not None else []
+        if hashes and hashes[0] != root:
+            hashes.clear()
         if not hashes:
-            hashes.append(self.root)
+            hashes.append(root)
         for i in range(len(hashes) - 1, depth // c):
             hashes.append(_h(hashes[-1], _token_bytes(tokens[i * c : (i + 1) * c])))
         return hashes[: depth // c + 1]
 
     def keys(
-        self, tokens: list[int], depth: int, known: list[bytes] | None = None
+        self, tokens: list[int], depth: int, known: list[bytes] | None = None, salt: str | None = None
     ) -> tuple[bytes, str, list[str]]:
         """The state of tokens[:depth]: the chain hash of its last whole chunk, its state key, and the keys
         of its whole chunks (the state object holds the tokens past them)."""
-        hashes = self.chain(tokens, depth, known)
+        hashes = self.chain(tokens, depth, known, salt)
         return hashes[-1], self.state_key(hashes[-1], tokens, depth), [self.chunk_key(h) for h in hashes[1:]]
 
     def chunk_key(self, h: bytes) -> str:

@@ -23,7 +23,11 @@ class HostTierStats:
     shared_tokens: int = 0  # of restored_tokens: KV the GPU cache still held (shared, not copied)
     misses_dropped: int = 0  # the store no longer held an object
     misses_corrupt: int = 0  # checksum, header or key mismatch
+    misses_forged: int = 0  # a secret is set and the object's MAC does not verify
+    misses_layout: int = 0  # a sound object whose tensors are not the layout this engine expects
+    store_refusals: int = 0  # write-backs the store refused a put of (no room, e.g. the pool full)
     evictions: int = 0
+    timeouts: int = 0  # store calls past their deadline (a hung or unreachable store)
     outages: int = 0
     reconnects: int = 0
     # the engine thread's wall time inside lookup, start_restore, load and write_back, per call

@@ -2,7 +2,8 @@
 
 A store maps string keys to immutable byte objects (1-D uint8 CPU tensors). It may drop objects on its
 own (a missing key is a miss, never an error); `StoreUnavailableError` means the store cannot be reached
-at all (the tier then runs without it until `ping` succeeds again).
+at all (the tier then runs without it until `ping` succeeds again); `StoreTimeoutError`, one of those, that
+a call did not finish within the store's deadline (a hung or unreachable master).
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ ARENA_HEADROOM = 8  # the arena holds capacity * (1 + 1/8)
 
 class StoreUnavailableError(RuntimeError):
     """The store (e.g. the Mooncake master) cannot be reached."""
+
+
+class StoreTimeoutError(StoreUnavailableError):
+    """A store call did not finish within its deadline."""
 
 
 class HostStore(Protocol):

@@ -10,18 +10,28 @@ background thread, restore on a GPU-cache miss, and running without the store wh
     start_restore(hit, first_chunk, …)        fetch (below) on the fetch thread; a HostRestore
                                               (restore.py) the engine polls while it keeps stepping
     fetch(hit, first_chunk) → objects | None  reads and verifies the objects from chunk first_chunk on
-                                              (a missing or corrupt one is a miss: the state leaves the
-                                              index); with `staging` (a store whose reads are pageable
-                                              memory, on CUDA), copies them into page-locked staging
+                                              (a missing, corrupt or forged one, or one whose tensors are
+                                              not the layout this engine expects, is a miss: the state
+                                              leaves the index); with `staging` (a store whose reads are
+                                              pageable memory, on CUDA), copies them into page-locked
+                                              staging
     load(hit, objects, blocks, slot, …)       host → device copies into blocks and a state slot (CUDA: on
                                               a side stream; returns the event after them)
 
+Keys (layout.py) take the request's cache salt: `salt` in write_back and lookup; requests of different
+salts never find each other's states, salt None gives the unsalted keys.
 What the store holds, and which state goes first, is the index's (index.py: Greedy-Dual-Size over whole
 states, as on the GPU); the tier holds its lock around every index call.
 Faults: StoreUnavailableError from any store call (or from joining the store at start-up: build.py)
 marks the tier unavailable (logged once per outage, counted), empties the index (what the store held is
 unknown from then on) and makes every call a no-op (a fetch in flight is a miss); the writer thread pings
-the store every `retry_seconds` (joining it if it never did) and resumes when it answers.
+the store every `retry_seconds` (joining it if it never did) and resumes when it answers. A store with
+deadlines (mooncake.py) raises StoreTimeoutError, one of those, when a call outlives its deadline: the
+engine thread waits on a hung store for at most one deadline per outage, and not at all during one.
+Objects: with `secret`, every object carries a MAC (codec.py) and one whose MAC does not verify is a
+miss ("forged"); without, anyone who can write to the store can plant states, so a shared store must
+be on a trusted network. Every object's tensors are checked against the layout this engine expects
+before anything is copied: a mismatch is a miss, never an exception on the engine thread.
 """
 
 from __future__ import annotations
@@ -35,12 +45,12 @@ import torch
 
 from flashstate.cache.cost import PrefillCost
 from flashstate.cache.host.arena import HostArena
-from flashstate.cache.host.codec import ObjectBuilder, object_size, verify_many, views
+from flashstate.cache.host.codec import ObjectBuilder, Spec, object_size, verify_many, views
 from flashstate.cache.host.index import HostHit, HostIndex
 from flashstate.cache.host.layout import HostLayout
 from flashstate.cache.host.restore import HostRestore, Landing
 from flashstate.cache.host.stats import HostTierStats, engine_call
-from flashstate.cache.host.store import HostStore, StoreUnavailableError
+from flashstate.cache.host.store import HostStore, StoreTimeoutError, StoreUnavailableError
 from flashstate.cache.host.transfer import StateTransfer
 from flashstate.cache.host.writer import HostWriter
 
@@ -60,6 +70,7 @@ class HostTier:
         pin: bool = False,
         staging: HostArena | None = None,
         inline_fetch: bool = False,
+        secret: bytes | None = None,
     ):
         if layout.chunk_tokens % transfer.block_size:
             raise ValueError("the host chunk must be a whole number of KV blocks")
@@ -78,6 +89,7 @@ class HostTier:
         self._pin = pin
         self._staging = staging
         self.inline_fetch = inline_fetch  # restores read on the caller's thread (an in-process store)
+        self._secret = secret or None
         self._chunk_bytes = object_size(layout.chunk_key(layout.root), transfer.kv_specs(layout.chunk_tokens))
         self._lock = threading.RLock()
         self._writer = HostWriter(
@@ -121,10 +133,16 @@ class HostTier:
 
     @engine_call
     def write_back(
-        self, tokens: list[int], depth: int, blocks: list[int], slot: int, chain: list[bytes] | None = None
+        self,
+        tokens: list[int],
+        depth: int,
+        blocks: list[int],
+        slot: int,
+        chain: list[bytes] | None = None,
+        salt: str | None = None,
     ) -> None:
         """Stage the hybrid state of tokens[:depth] (KV in `blocks`, linear states in `slot`). `chain`: the
-        hashes of `tokens` so far (HostLayout.chain's `known`)."""
+        hashes of `tokens` so far (HostLayout.chain's `known`); `salt`: the request's cache salt."""
         if depth < 1:
             return
         if not self.available:
@@ -133,7 +151,7 @@ class HostTier:
         self.landing.prune()  # restores whose copies have landed no longer pin their states against eviction
         c, b = self.layout.chunk_tokens, self.block_size
         with self._lock:
-            last, key, chunk_keys = self.layout.keys(tokens, depth, chain)
+            last, key, chunk_keys = self.layout.keys(tokens, depth, chain, salt)
             if self.index.touch(key):
                 return
             new = [i for i, k in enumerate(chunk_keys) if k not in self.index.chunks]
@@ -151,8 +169,8 @@ class HostTier:
                 return
             try:
                 kv = self.transfer.kv_specs(c)
-                objects = [ObjectBuilder(chunk_keys[i], kv, self._allocate) for i in new]
-                objects.append(ObjectBuilder(key, state_specs, self._allocate))
+                objects = [ObjectBuilder(chunk_keys[i], kv, self._allocate, self._secret) for i in new]
+                objects.append(ObjectBuilder(key, state_specs, self._allocate, self._secret))
             except MemoryError:
                 self.index.forget(self.index.states[key])
                 self.stats.writes_skipped += 1
@@ -182,15 +200,20 @@ class HostTier:
 
     @engine_call
     def lookup(
-        self, tokens: list[int], limit: int, floor: int = 0, chain: list[bytes] | None = None
+        self,
+        tokens: list[int],
+        limit: int,
+        floor: int = 0,
+        chain: list[bytes] | None = None,
+        salt: str | None = None,
     ) -> HostHit | None:
         """The deepest restorable state at a depth in (floor, limit] on the path of `tokens`: from this
-        tier's index, else (a shared store) one another engine wrote, found by probing the store. `chain`:
-        as for write_back."""
+        tier's index, else (a shared store) one another engine wrote, found by probing the store. `chain`,
+        `salt`: as for write_back."""
         if not self.available:
             return None
         self.stats.lookups += 1
-        hashes = self.layout.chain(tokens, limit, chain)
+        hashes = self.layout.chain(tokens, limit, chain, salt)
         hit = self._lookup_index(tokens, limit, hashes) if len(self.index) else None
         if self.store.shared:
             try:
@@ -266,23 +289,29 @@ class HostTier:
         except StoreUnavailableError as e:
             self.mark_unavailable(e)
             return None
-        pairs = [(k, b) for k, b in zip(keys, buffers, strict=True) if b is not None]
-        verified = dict(zip([k for k, _ in pairs], verify_many(pairs), strict=True))
+        expected = self._expected(hit, len(keys) - 1)
+        found = [(k, b, s) for k, b, s in zip(keys, buffers, expected, strict=True) if b is not None]
+        checked = dict(zip([k for k, _, _ in found], verify_many(found, self._secret), strict=True))
         objects = []
         for key, buffer in zip(keys, buffers, strict=True):
-            specs = verified.get(key)
+            specs, reason = checked.get(key, (None, "dropped"))
             if specs is None:
                 with self._lock:
-                    if key in verified:
-                        self.stats.misses_corrupt += 1
-                    else:
-                        self.stats.misses_dropped += 1
+                    setattr(self.stats, f"misses_{reason}", getattr(self.stats, f"misses_{reason}") + 1)
                     self.index.forget_object(key)
-                if key in verified:  # gone from the store now, not when the writer gets to it: a probe
+                if reason != "dropped":  # gone from the store now, not when the writer gets to it: a probe
                     self._remove_now(key)  # of a shared store must not find it in between
+                logger.debug("host tier: %s object %s is a miss", reason, key)
                 return None
             objects.append(views(key, self._stage(buffer), specs))
         return objects
+
+    def _expected(self, hit: HostHit, num_chunks: int) -> list[list[Spec]]:
+        """The tensor specs this engine's caches need in each object of `hit` read from chunk first_chunk on
+        (`num_chunks` chunk objects, then the state object)."""
+        c = self.layout.chunk_tokens
+        kv = self.transfer.kv_specs(c)
+        return [kv] * num_chunks + [self.transfer.state_specs(hit.depth - len(hit.chunks) * c)]
 
     def _stage(self, buffer: torch.Tensor) -> torch.Tensor:
         """`buffer` in page-locked staging memory (fetch thread), when the tier has staging: a host → device
@@ -346,6 +375,8 @@ class HostTier:
                 self.stats.bytes_written += sum(o.nbytes for o in written)
             elif self.available:
                 self.stats.writes_skipped += 1
+                if len(written) < len(objects):
+                    self.stats.store_refusals += 1
                 for obj in objects:  # a chunk another pending state shares is unusable too
                     if self.index.holds(obj.key):
                         self.index.forget_object(obj.key)
@@ -354,6 +385,8 @@ class HostTier:
 
     def mark_unavailable(self, error: Exception) -> None:
         with self._lock:
+            if isinstance(error, StoreTimeoutError):
+                self.stats.timeouts += 1
             if not self.available:
                 return
             self.available = False
@@ -368,8 +401,10 @@ class HostTier:
     def _try_reconnect(self) -> None:
         try:
             ok = self.store.ping()
-        except StoreUnavailableError:
+        except StoreUnavailableError as e:
             ok = False
+            if isinstance(e, StoreTimeoutError):
+                self.stats.timeouts += 1
         if ok:
             with self._lock:
                 self.available = True

@@ -1,9 +1,11 @@
 import uuid
 
+import pytest
 import torch
 
 from flashstate.cache.cost import PrefillCost
 from flashstate.cache.host.layout import HostLayout
+from flashstate.cache.host.store import MemoryStore
 from flashstate.cache.host.tier import HostTier
 from flashstate.cache.host.transfer import StateTransfer
 from flashstate.engine.cache_tensors import CacheTensors
@@ -24,8 +26,36 @@ def make_caches(num_blocks: int = 64, num_slots: int = 8, seed: int = 0) -> Cach
 
 
 def make_tier(
-    store, caches: CacheTensors, capacity: int | None = None, retry: float = 0.1, staging=None
+    store,
+    caches: CacheTensors,
+    capacity: int | None = None,
+    retry: float = 0.1,
+    staging=None,
+    secret: bytes | None = None,
+    fingerprint: str | None = None,
 ) -> HostTier:
-    layout = HostLayout(f"test-{uuid.uuid4().hex[:8]}", CHUNK)
+    layout = HostLayout(fingerprint or f"test-{uuid.uuid4().hex[:8]}", CHUNK)
     cost = PrefillCost(1e-5, 1e-8)
-    return HostTier(store, StateTransfer(caches, BLOCK), layout, cost, capacity, retry, staging=staging)
+    return HostTier(
+        store, StateTransfer(caches, BLOCK), layout, cost, capacity, retry, staging=staging, secret=secret
+    )
+
+
+@pytest.fixture(params=["memory", "mooncake"])
+def new_store(request):
+    """make(capacity) → a fresh store of the parameter's kind (mooncake: a client of the session's master)."""
+    from flashstate.cache.host.mooncake import MooncakeStore
+
+    stores = []
+
+    def make(capacity: int = 16 << 20):
+        if request.param == "memory":
+            store = MemoryStore(capacity)
+        else:
+            store = MooncakeStore(request.getfixturevalue("mooncake_master").address, capacity)
+        stores.append(store)
+        return store
+
+    yield make
+    for s in stores:
+        s.close()

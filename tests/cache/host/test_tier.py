@@ -11,26 +11,8 @@ import torch
 
 from flashstate.cache.host.arena import HostArena
 from flashstate.cache.host.codec import encode
-from flashstate.cache.host.mooncake import MooncakeStore
 from flashstate.cache.host.store import MemoryStore, StoreUnavailableError
 from tests.cache.host.conftest import BLOCK, CHUNK, make_caches, make_tier
-
-
-@pytest.fixture(params=["memory", "mooncake"])
-def new_store(request):
-    stores = []
-
-    def make(capacity: int = 16 << 20):
-        if request.param == "memory":
-            store = MemoryStore(capacity)
-        else:
-            store = MooncakeStore(request.getfixturevalue("mooncake_master").address, capacity)
-        stores.append(store)
-        return store
-
-    yield make
-    for s in stores:
-        s.close()
 
 
 def _tokens(n: int, seed: int) -> list[int]:
@@ -188,7 +170,7 @@ def test_an_unreachable_store_is_one_outage_then_a_reconnect():
 
 def test_objects_are_raw_tensors_behind_a_header():
     buf = encode("k", [torch.arange(4, dtype=torch.float32)])
-    assert bytes(buf[:4].numpy()) == b"FSH1"
+    assert bytes(buf[:4].numpy()) == b"FSH2"
     assert torch.equal(buf[-64:-48].view(torch.float32), torch.arange(4, dtype=torch.float32))
     assert CHUNK % BLOCK == 0
 
