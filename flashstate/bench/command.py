@@ -26,6 +26,7 @@ from flashstate.bench.report import RESULT_SCHEMA, build_result, markdown, write
 from flashstate.bench.synthetic_defaults import DEFAULT as SYNTHETIC_DEFAULT
 from flashstate.bench.workloads import Session, WorkloadError, load_workload, trace_format
 from flashstate.config import CACHE_POLICIES
+from flashstate.lifeline import Terminated, terminate_on_signals
 
 Workload = Callable[[], list[Session] | Iterator[Session]]
 
@@ -243,12 +244,17 @@ def _plain(obj: Any) -> Any:
 def run_bench(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
     try:
-        if args.bench_command == "report":
-            return _report(args)
-        return _stats(args) if args.bench_command == "stats" else _run(args)
+        # SIGTERM unwinds like Ctrl-C: the server a compare started is stopped on the way out.
+        with terminate_on_signals():
+            if args.bench_command == "report":
+                return _report(args)
+            return _stats(args) if args.bench_command == "stats" else _run(args)
     except (ValueError, OSError) as e:  # WorkloadError is a ValueError
         print(f"flashstate bench: error: {e}", file=sys.stderr)
         return 2
+    except Terminated as e:
+        print(f"flashstate bench: {e}", file=sys.stderr)
+        return 128 + e.signum
 
 
 __all__ = ["WorkloadError", "run_bench"]

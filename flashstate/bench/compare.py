@@ -3,6 +3,8 @@ another (same model, budget and seed), then one side-by-side report.
 
 Each server is `python -m flashstate.cli serve --host 127.0.0.1 --port <free> --cache-policy P <serve
 args>`, its log in `<out>/server-<P>.log`; it is stopped (SIGTERM, then SIGKILL) before the next starts.
+A server never outlives the bench: on Linux it gets SIGTERM from the kernel when the bench process ends,
+however it ends (PR_SET_PDEATHSIG), and a bench stopped by SIGTERM or Ctrl-C stops its server first.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from flashstate.bench.replay import ReplayConfig, replay
 from flashstate.bench.report import build_result
 from flashstate.bench.step_summary import summarize_steps
 from flashstate.bench.workloads import Session
+from flashstate.lifeline import in_lasting_thread, preexec_die_with_parent
 
 
 class ServerError(RuntimeError):
@@ -96,7 +99,15 @@ def server_process(
     cmd = spec.command(policy, port, extra)
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = in_lasting_thread(
+            lambda: subprocess.Popen(
+                cmd,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=preexec_die_with_parent(signal.SIGTERM),
+            )
+        )
         try:
             base_url = f"http://127.0.0.1:{port}"
             wait_ready(base_url, spec.startup_timeout_s, proc, log)

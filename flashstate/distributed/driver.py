@@ -13,6 +13,10 @@ graphs) like rank 0's, and rank 0's device buffers are broadcast into theirs by 
 Cache-tensor copies made on rank 0 (copy-on-write blocks, slot copies) are queued and replayed by every
 worker before its next forward, so each rank's share of the pools goes through the same writes in the
 same order.
+
+A worker never outlives rank 0: it exits when its pipe closes, and on Linux the kernel kills it when rank 0
+ends, however it ends (PR_SET_PDEATHSIG, set by the worker; workers are started from a thread that lasts as
+long as rank 0's process, since the kernel ties the request to the thread that started them).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing as mp
+import os
 import pickle
 import weakref
 from multiprocessing.connection import Connection
@@ -32,6 +37,7 @@ from torch import Tensor
 from flashstate.config import EngineConfig
 from flashstate.distributed.group import (
     TPGroup,
+    bind_host,
     broadcast_decode_inputs,
     disable_nvls,
     master_store,
@@ -43,6 +49,7 @@ from flashstate.distributed.worker import run_worker
 from flashstate.engine.cache_tensors import CacheTensors
 from flashstate.engine.decode_inputs import DecodeInputs
 from flashstate.layers.metadata import ForwardMetadata
+from flashstate.lifeline import in_lasting_thread
 from flashstate.models.base import HybridForCausalLM
 from flashstate.models.spec import ModelSpec
 
@@ -107,7 +114,8 @@ class TensorParallelDriver:
         self.shard = Shard(0, n)
         self._threads = split_cpu_threads(self.device, n)
         self.copies: list[tuple[str, int, int]] = []
-        self.store = master_store(n)
+        self.host = bind_host(config.host)
+        self.store = master_store(n, self.host)
         ctx = mp.get_context("spawn")
         self.procs: list[BaseProcess] = []
         self.conns: list[Connection] = []
@@ -117,18 +125,18 @@ class TensorParallelDriver:
             parent, child = ctx.Pipe()
             proc = ctx.Process(
                 target=run_worker,
-                args=(config, model_dir, rank, self.store.port, child),
+                args=(config, model_dir, rank, self.store.port, child, os.getpid()),
                 name=f"flashstate-tp{rank}",
                 daemon=True,
             )
-            proc.start()
+            in_lasting_thread(proc.start)
             child.close()
             self.procs.append(proc)
             self.conns.append(parent)
         try:
             for rank in range(1, n):
                 self._expect(rank, "hello")
-            self.group = TPGroup(self.store, 0, n, self.device)
+            self.group = TPGroup(self.store, 0, n, self.device, self.host)
             self._groups.append(self.group)
         except BaseException:
             self.shutdown()

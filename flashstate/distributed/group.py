@@ -1,11 +1,22 @@
 """The collective group of the tensor-parallel ranks (gloo on CPU, NCCL on GPU), built from a TCP store
-without touching torch.distributed's global default group, so engines can come and go in one process."""
+without touching torch.distributed's global default group, so engines can come and go in one process.
+
+Every socket the ranks listen on is bound to one host address (`bind_host`: the server's --host, loopback
+for a wildcard or by default), never to all interfaces: the store listens on a socket bound here and handed
+over by descriptor (TCPStore itself would listen on `*`), gloo's device is created for that address rather
+than for whatever the machine's hostname resolves to, and NCCL's bootstrap is kept on its interface.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import fcntl
+import ipaddress
 import logging
 import os
+import socket
+import struct
 import threading
 from collections.abc import Callable
 
@@ -28,31 +39,114 @@ def disable_nvls() -> None:
     os.environ["NCCL_NVLS_ENABLE"] = "0"
 
 
-def master_store(world_size: int) -> dist.TCPStore:
-    """Rank 0's rendezvous store on a free loopback port (`.port`)."""
-    return dist.TCPStore("127.0.0.1", 0, world_size, True, timeout=STEP_TIMEOUT, wait_for_workers=False)
+LOOPBACK = "127.0.0.1"
+_WILDCARDS = ("", "*", "0.0.0.0", "::", "[::]")
 
 
-def client_store(port: int, world_size: int) -> dist.TCPStore:
-    return dist.TCPStore("127.0.0.1", port, world_size, False, timeout=STEP_TIMEOUT)
+def bind_host(host: str | None) -> str:
+    """The address the ranks' sockets bind: `host` (the server's --host), loopback when it is unset or a
+    wildcard (the ranks share one machine: nothing beyond it needs to reach them)."""
+    host = (host or "").strip()
+    return LOOPBACK if host in _WILDCARDS else host.strip("[]")
+
+
+def _listening_socket(host: str) -> socket.socket:
+    family, kind, proto, _, addr = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(socket.SOMAXCONN)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def master_store(world_size: int, host: str = LOOPBACK) -> dist.TCPStore:
+    """Rank 0's rendezvous store on a free port of `host` (`.port`)."""
+    sock = _listening_socket(host)
+    port = sock.getsockname()[1]
+    try:
+        store = dist.TCPStore(
+            host,
+            port,
+            world_size,
+            True,
+            timeout=STEP_TIMEOUT,
+            wait_for_workers=False,
+            master_listen_fd=sock.fileno(),
+        )
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()  # the store's server owns the descriptor now
+    return store
+
+
+def client_store(port: int, world_size: int, host: str = LOOPBACK) -> dist.TCPStore:
+    return dist.TCPStore(host, port, world_size, False, timeout=STEP_TIMEOUT)
+
+
+def gloo_options(host: str) -> dist.ProcessGroupGloo._Options:
+    """A gloo group whose one device listens on `host` (by default gloo binds the address the machine's
+    hostname resolves to, or what GLOO_SOCKET_IFNAME names)."""
+    opts = dist.ProcessGroupGloo._Options()
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+    opts._timeout = STEP_TIMEOUT
+    return opts
+
+
+def interface_of(host: str) -> str | None:
+    """The network interface holding IPv4 address `host` (`lo` for loopback), None if none does."""
+    try:
+        addr = ipaddress.ip_address(socket.gethostbyname(host))
+    except (OSError, ValueError):
+        return None
+    if addr.is_loopback:
+        return "lo" if "lo" in {name for _, name in socket.if_nameindex()} else None
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            with contextlib.suppress(OSError):
+                req = struct.pack("256s", name.encode()[:15])
+                if socket.inet_ntoa(fcntl.ioctl(s.fileno(), siocgifaddr, req)[20:24]) == str(addr):
+                    return name
+    return None
+
+
+def pin_nccl_interface(host: str) -> None:
+    """NCCL's bootstrap and proxy sockets on `host`'s interface (unless NCCL_SOCKET_IFNAME is set): set
+    before any NCCL communicator, and inherited by the workers spawned after it."""
+    if "NCCL_SOCKET_IFNAME" in os.environ:
+        return
+    name = interface_of(host)
+    if name is None:
+        logger.warning("no network interface holds %s: NCCL picks its own (set NCCL_SOCKET_IFNAME)", host)
+        return
+    os.environ["NCCL_SOCKET_IFNAME"] = name
 
 
 class TPGroup:
     """`all_reduce` and `broadcast` over all ranks (in place). On CPU a gloo group of its own; on GPU NCCL
     through torch.distributed's default group (so one tensor-parallel engine per process at a time)."""
 
-    def __init__(self, store: dist.Store, rank: int, world_size: int, device: torch.device):
+    def __init__(
+        self, store: dist.Store, rank: int, world_size: int, device: torch.device, host: str = LOOPBACK
+    ):
         self.rank, self.world_size, self.device = rank, world_size, device
         self.pg = None
         if device.type == "cuda":
             disable_nvls()
+            pin_nccl_interface(host)
             if dist.is_initialized():
                 raise RuntimeError("torch.distributed is already initialised in this process")
             dist.init_process_group(
                 "nccl", store=dist.PrefixStore("nccl/", store), rank=rank, world_size=world_size
             )
         else:
-            self.pg = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, world_size, STEP_TIMEOUT)
+            prefixed = dist.PrefixStore("gloo/", store)
+            self.pg = dist.ProcessGroupGloo(prefixed, rank, world_size, gloo_options(host))
 
     def all_reduce(self, x: Tensor) -> Tensor:
         if self.pg is None:

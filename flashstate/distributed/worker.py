@@ -8,7 +8,9 @@ Messages on the pipe from rank 0, in order:
     ("decode", copies, rows, graphed, tables_changed)    a decode batch: rank 0's decode buffers arrive by
                                                          broadcast, then a graph replay or an eager forward
     ("shutdown",)
-The worker exits when the pipe closes (rank 0 died) and reports any failure as ("error", traceback).
+The worker exits when the pipe closes (rank 0 died) and reports any failure as ("error", traceback); on
+Linux the kernel also kills it when rank 0 exits (PR_SET_PDEATHSIG), even while it is stuck in a
+collective or not reading the pipe.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import contextlib
 import faulthandler
 import os
 import pickle
+import signal
 import traceback
 from multiprocessing.connection import Connection
 
@@ -25,6 +28,7 @@ import torch
 from flashstate.config import EngineConfig
 from flashstate.distributed.group import (
     TPGroup,
+    bind_host,
     broadcast_decode_inputs,
     client_store,
     disable_nvls,
@@ -32,9 +36,18 @@ from flashstate.distributed.group import (
     split_cpu_threads,
 )
 from flashstate.distributed.shard_plan import Shard
+from flashstate.lifeline import die_with_parent
 
 
-def run_worker(config: EngineConfig, model_dir: str, rank: int, port: int, conn: Connection) -> None:
+def run_worker(
+    config: EngineConfig,
+    model_dir: str,
+    rank: int,
+    port: int,
+    conn: Connection,
+    parent_pid: int | None = None,
+) -> None:
+    die_with_parent(signal.SIGKILL, parent_pid)  # killed now if rank 0 is already gone
     disable_nvls()
     dump_stacks_when_stuck()
     try:
@@ -69,9 +82,10 @@ def _serve(config: EngineConfig, model_dir: str, rank: int, port: int, conn: Con
     if device.type == "cuda":
         torch.cuda.set_device(device)
     split_cpu_threads(device, world)
-    store = client_store(port, world)
+    host = bind_host(config.host)
+    store = client_store(port, world, host)
     conn.send(("hello",))
-    group = TPGroup(store, rank, world, device)
+    group = TPGroup(store, rank, world, device, host)
     dtype = None if config.dtype == "auto" else DTYPES[config.dtype]
     model = load_model(model_dir, dtype=dtype, device=device, shard=Shard(rank, world))
     group.attach(model)
