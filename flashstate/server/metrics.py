@@ -242,12 +242,25 @@ def _host_metrics(host: HostTier, gauge: Callable, counter: Callable, m: list[st
     )
     misses = CounterMetricFamily(
         "flashstate:host_cache_misses",
-        "Host states found unusable at restore, by reason (dropped by the store, corrupt).",
+        "Host states found unusable at restore, by reason (dropped by the store, corrupt, forged: the MAC "
+        "does not verify under the deployment secret, layout: not the tensors this engine expects).",
         labels=["model_name", "reason"],
     )
     misses.add_metric([*m, "dropped"], s.misses_dropped)
     misses.add_metric([*m, "corrupt"], s.misses_corrupt)
+    misses.add_metric([*m, "forged"], s.misses_forged)
+    misses.add_metric([*m, "layout"], s.misses_layout)
     yield misses
+    yield counter(
+        "flashstate:host_cache_store_refusals",
+        "Write-backs the host store refused a put of (no room: the pool full, or a restarted master).",
+        s.store_refusals,
+    )
+    yield counter(
+        "flashstate:host_cache_timeouts",
+        "Host store calls past their deadline (--host-cache-timeout): a hung or unreachable store.",
+        s.timeouts,
+    )
     yield counter("flashstate:host_cache_evictions", "Host states evicted by priority.", s.evictions)
     yield counter("flashstate:host_cache_outages", "Times the host store became unreachable.", s.outages)
     yield counter("flashstate:host_cache_reconnects", "Times the host store came back.", s.reconnects)
