@@ -62,7 +62,11 @@ class LLM:
             raise
         done: dict[str, RequestOutput] = {}
         while len(done) < len(ids):
-            for out in self.engine.step():
+            try:
+                outputs = self.engine.step()
+            except Exception as e:  # noqa: BLE001 — one request's failure ends that request (finish "error")
+                outputs = self.engine.recover(e)
+            for out in outputs:
                 if out.finished:
                     done[out.request_id] = out
         return [done[rid] for rid in ids]

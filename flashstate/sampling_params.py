@@ -6,17 +6,27 @@ Conventions that differ from a literal copy of vLLM's fields:
   anything below `-1` is an error.
 - `stop` is normalised to a tuple of non-empty strings (`()` when unset); `stop_token_ids` to a tuple
   of ints.
-- `max_tokens=None` means no limit of its own (the engine still stops at the model's context length).
+- `max_tokens=None` means no limit of its own: the engine generates up to the context limit
+  (`max_model_len`, or what the KV cache can ever hold if that is less) and ends with "length".
+- Values a request may carry are bounded here (finite floats, ints that fit the kernels, list sizes);
+  bounds that depend on the model (the vocabulary for stop ids, top-k) are checked by the engine.
 - `logprobs=k` asks for the chosen token's logprob plus the `k` most likely alternatives; `k = 0`
   means the chosen token only.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 # Temperatures below this sample greedily (as in vLLM): dividing by them would overflow anyway.
 GREEDY_TEMPERATURE = 1e-5
+# A request's stop strings: how many, and how long each may be (every step scans the text for each).
+MAX_STOP_STRINGS = 64
+MAX_STOP_STRING_CHARS = 1024
+MAX_STOP_TOKEN_IDS = 1024
+# torch.Generator.manual_seed's range.
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)
 
 
 def _is_int(x: object) -> bool:
@@ -24,7 +34,13 @@ def _is_int(x: object) -> bool:
 
 
 def _is_number(x: object) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool)
+    """A finite real that converts to a float."""
+    if not isinstance(x, int | float) or isinstance(x, bool):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int past the float range
+        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +73,8 @@ class SamplingParams:
                 object.__setattr__(self, "top_k", None)
         if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
-        if self.seed is not None and not _is_int(self.seed):
-            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
+        if self.seed is not None and not (_is_int(self.seed) and SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]):
+            raise ValueError(f"seed must be an int in [-2**63, 2**64) or None, got {self.seed!r}")
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
             raise ValueError(f"max_tokens must be an int >= 1 or None, got {self.max_tokens!r}")
         object.__setattr__(self, "stop", _normalise_stop(self.stop))
@@ -89,6 +105,10 @@ def _normalise_stop(stop: object) -> tuple[str, ...]:
         raise ValueError(f"stop must be a string or list of strings, got {stop!r}")
     if any(s == "" for s in stop):
         raise ValueError(f"stop strings must be non-empty, got {stop!r}")
+    if len(stop) > MAX_STOP_STRINGS:
+        raise ValueError(f"stop may hold at most {MAX_STOP_STRINGS} strings, got {len(stop)}")
+    if any(len(s) > MAX_STOP_STRING_CHARS for s in stop):
+        raise ValueError(f"stop strings may be at most {MAX_STOP_STRING_CHARS} characters long")
     return tuple(stop)
 
 
@@ -97,4 +117,6 @@ def _normalise_stop_token_ids(ids: object) -> tuple[int, ...]:
         return ()
     if not isinstance(ids, list | tuple) or not all(_is_int(i) and i >= 0 for i in ids):
         raise ValueError(f"stop_token_ids must be a list of non-negative ints, got {ids!r}")
+    if len(ids) > MAX_STOP_TOKEN_IDS:
+        raise ValueError(f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids, got {len(ids)}")
     return tuple(ids)

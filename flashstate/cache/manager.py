@@ -90,21 +90,22 @@ class CacheManager:
 
     # ---- admission ------------------------------------------------------------------------------
 
-    def admit(self, seq: Sequence) -> bool:
-        """Give a waiting sequence its working slot and its prefix hit; False (nothing held) if no slot."""
+    def admit(self, seq: Sequence, miss: bool = False) -> bool:
+        """Give a waiting sequence its working slot and its prefix hit; False (nothing held) if no slot.
+        `miss`: take no hit (nothing on a cached path is locked, so everything cached can be evicted)."""
         slot = self._take_slot()
         if slot is None:
             return False
         seq.state_slot = slot
         if not self.enabled:
             return True
-        match = self._match(seq)
+        match = self.tree.match([], 0) if miss and self.pages is None else self._match(seq)
         if match is None:  # the emulated vLLM pool lacks free pages: wait, like vLLM's scheduler
             self.state_pool.free(slot)
             seq.state_slot = None
             return False
         self._lock(match.node, +1)  # from here on nothing on the hit path can be evicted
-        if self.host is not None and self._restore_from_host(seq, match):
+        if self.host is not None and not miss and self._restore_from_host(seq, match):
             return True
         if match.depth:
             table = self.tree.block_table(match.node)
@@ -226,6 +227,12 @@ class CacheManager:
         if self.pages is not None:
             self.pages.advance(seq.request_id, seq.token_ids, depth)
         self._insert_checkpoint(seq, depth, slot, frontier=False)
+
+    def abandon_exports(self) -> None:
+        """Free the slots of exports whose step failed (between steps every in-flight export is one)."""
+        for slot in self._inflight:
+            self.state_pool.free(slot)
+        self._inflight.clear()
 
     def release(self, seq: Sequence, commit: bool) -> None:
         """Return everything a finished (commit=True), aborted or preempted sequence holds."""

@@ -8,8 +8,9 @@ import asyncio
 import logging
 import os
 import threading
+import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from flashstate.config import EngineConfig
@@ -23,10 +24,19 @@ from flashstate.gc_pauses import serving_pauses
 from flashstate.sampling_params import SamplingParams
 
 logger = logging.getLogger("flashstate")
+Delivery = RequestOutput | Exception  # what a request's stream receives
 
 
-class EngineDeadError(RuntimeError):
-    pass
+class EngineError(RuntimeError):
+    """The engine could not serve a request (a 500, or an error event mid-stream)."""
+
+
+class EngineDeadError(EngineError):
+    """The engine loop has stopped: no request can be served any more."""
+
+
+class RequestFailedError(EngineError):
+    """The engine failed this one request (finish reason "error") and went on serving the others."""
 
 
 class AsyncEngine:
@@ -35,11 +45,20 @@ class AsyncEngine:
     an inbox that the engine thread drains before every step; aborts travel the same way, in order. So a
     request never waits for a step to end before it is accepted, and a busy engine cannot starve arrivals."""
 
-    def __init__(self, config: EngineConfig | None = None, engine: LLMEngine | None = None):
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        engine: LLMEngine | None = None,
+        on_dead: Callable[[BaseException], None] | None = None,
+    ):
+        """`on_dead` is called on the engine thread once the loop has stopped for good (after every waiting
+        stream has heard of it); the server uses it to exit non-zero."""
         self.engine = engine  # when None, built on the engine thread before the constructor returns
         self._wake = threading.Event()
         self._stopped = False
         self._error: BaseException | None = None
+        self._on_dead = on_dead
+        self.last_progress = time.monotonic()  # the engine thread's last step or idle wait
         self._inbox: deque[RequestState | str] = deque()  # a request to add, or the id of one to abort
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         built = threading.Event()
@@ -113,8 +132,8 @@ class AsyncEngine:
                     if finished:
                         return
                 if error is not None:
-                    if isinstance(error, ValueError) and error is not self._error:
-                        finished = True  # refused by the engine thread: never queued
+                    if isinstance(error, ValueError | RequestFailedError) and error is not self._error:
+                        finished = True  # refused or failed by the engine thread: no longer queued
                         raise error
                     raise EngineDeadError(f"engine loop failed: {error}") from error
         finally:
@@ -129,6 +148,15 @@ class AsyncEngine:
     @property
     def num_streams(self) -> int:
         return len(self._streams)
+
+    @property
+    def dead(self) -> bool:
+        return self._error is not None
+
+    def stalled(self, seconds: float) -> bool:
+        """The engine thread has work and has not finished a step (or an idle wait) for `seconds`."""
+        busy = bool(self._inbox) or self.engine.has_unfinished()
+        return busy and time.monotonic() - self.last_progress > seconds
 
     @property
     def num_waiting(self) -> int:
@@ -166,28 +194,46 @@ class AsyncEngine:
             try:
                 self._drain_inbox()
                 if not self.engine.has_unfinished():
+                    self.last_progress = time.monotonic()
                     self._wake.wait(timeout=0.5)
                     self._wake.clear()
+                    self.last_progress = time.monotonic()
                     continue
-                outputs = self.engine.step()
+                outputs = self._step()
             except BaseException as e:  # noqa: BLE001 — every waiter must hear of it
-                logger.exception("engine step failed")
-                self._error = e
-                streams, self._streams = self._streams, {}
-                for loop, queue in streams.values():
-                    loop.call_soon_threadsafe(queue.put_nowait, e)
+                logger.exception("engine loop failed: the engine cannot go on")
+                self._die(e)
                 return
-            batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput]]] = {}
+            self.last_progress = time.monotonic()
+            batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Delivery]]] = {}
             for out in outputs:
                 target = self._streams.get(out.request_id)
                 if out.finished:
                     self._streams.pop(out.request_id, None)
                 if target is not None:
-                    batches.setdefault(target[0], []).append((target[1], out))
+                    item = out if out.error is None else RequestFailedError(out.error)
+                    batches.setdefault(target[0], []).append((target[1], item))
             for loop, items in batches.items():  # one wake-up of each event loop per step
                 loop.call_soon_threadsafe(_deliver, items)
 
+    def _step(self) -> list[RequestOutput]:
+        """One engine step; a step that raises fails the request that caused it (LLMEngine.recover), and
+        raises only when the engine cannot go on."""
+        try:
+            return self.engine.step()
+        except Exception as e:  # noqa: BLE001 — a request's failure, if recover() can pin it on one
+            logger.exception("engine step failed")
+            return self.engine.recover(e)
 
-def _deliver(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
+    def _die(self, error: BaseException) -> None:
+        self._error = error
+        streams, self._streams = self._streams, {}
+        for loop, queue in streams.values():
+            loop.call_soon_threadsafe(queue.put_nowait, error)
+        if self._on_dead is not None:
+            self._on_dead(error)
+
+
+def _deliver(items: list[tuple[asyncio.Queue, Delivery]]) -> None:
     for queue, out in items:
         queue.put_nowait(out)

@@ -74,6 +74,13 @@ class DecodeInputs:
         self._full_upload = True
         self.pad(0, n)
 
+    def forget(self) -> None:
+        """Drop the rows of the last batch: the next `prepare` loads every row and uploads in full."""
+        self._seqs, self._ids, self._sources = [], [], []
+        self._filled[:] = 0
+        self._grown.clear()
+        self._full_upload = True
+
     def input_ids(self, bs: int) -> Tensor:
         return self.ints[_INPUT_IDS, :bs]
 

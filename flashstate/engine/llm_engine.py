@@ -11,6 +11,7 @@ strings.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -32,7 +33,7 @@ from flashstate.engine.model_runner import InFlight, ModelRunner
 from flashstate.engine.outputs import RequestOutput
 from flashstate.engine.request_state import RequestState
 from flashstate.engine.scheduler import ScheduledBatch, Scheduler
-from flashstate.engine.sequence import Sequence
+from flashstate.engine.sequence import Sequence, SequenceStatus
 from flashstate.engine.step_trace import StepTrace
 from flashstate.engine.warm_up import warm_up
 from flashstate.models.loader import load_model
@@ -42,6 +43,8 @@ from flashstate.sampling_params import SamplingParams
 from flashstate.tokenizer import Tokenizer
 
 logger = logging.getLogger("flashstate")
+# A sequence in this many failed steps fails, even if it never failed alone (see LLMEngine.recover).
+MAX_FAULTS = 3
 
 
 class LLMEngine:
@@ -62,6 +65,7 @@ class LLMEngine:
             self.tp = TensorParallelDriver(config, str(model_dir), self.device)
             self.device = self.tp.device
         self._in_flight: tuple[ScheduledBatch, InFlight] | None = None  # a decode step launched ahead
+        self._stepping: list[Sequence] = []  # the sequences of the step under way (see `recover`)
         self.trace: StepTrace | None = None
         self._scheduled_at = 0.0
         try:
@@ -198,12 +202,34 @@ class LLMEngine:
                 raise ValueError(
                     f"prompt token id {bad!r} is outside the vocabulary [0, {self.spec.vocab_size})"
                 )
+        params = self._bounded(params, len(token_ids))
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         seq = Sequence(request_id, token_ids, params)
         seq.hint_positions = sorted({p for p in checkpoint_positions or [] if 0 < p <= len(token_ids)})
         self.scheduler.check(seq)
         decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)  # noqa: E731
         return RequestState.new(seq, text, decode, self.eos_token_ids)
+
+    @property
+    def context_limit(self) -> int:
+        """The most tokens (prompt + output) one request can hold: max_model_len, or the whole KV cache
+        if that is less."""
+        return min(self.max_model_len, self.plan.num_blocks * self.config.block_size)
+
+    def _bounded(self, params: SamplingParams, num_prompt_tokens: int) -> SamplingParams:
+        """`params` checked against the model: ValueError for stop ids or logprobs outside the vocabulary;
+        top-k at or past the vocabulary is off; max_tokens None becomes what the context limit leaves
+        (the request then ends with "length" there)."""
+        vocab, changes = self.spec.vocab_size, {}
+        if bad := [t for t in params.stop_token_ids if t >= vocab]:
+            raise ValueError(f"stop_token_ids {bad[:4]} are outside the vocabulary [0, {vocab})")
+        if params.logprobs is not None and params.logprobs > vocab:
+            raise ValueError(f"logprobs must be at most the vocabulary size {vocab}, got {params.logprobs}")
+        if params.top_k is not None and params.top_k >= vocab:
+            changes["top_k"] = None
+        if params.max_tokens is None:
+            changes["max_tokens"] = max(self.context_limit - num_prompt_tokens, 1)
+        return dataclasses.replace(params, **changes) if changes else params
 
     def add(self, req: RequestState) -> str:
         """Queue a request from `new_request`; ValueError if its id is in use."""
@@ -238,18 +264,67 @@ class LLMEngine:
         return outputs
 
     def _step(self) -> tuple[ScheduledBatch | None, list[RequestOutput]]:
+        self._stepping = []
         if self._in_flight is not None:
             batch, flight = self._in_flight
             self._in_flight = None
+            self._stepping = list(batch.seqs)
             return batch, self._pipeline(batch, flight)
         batch = self.scheduler.schedule()
         self._scheduled_at = time.monotonic()
+        refused = self._refused()
         if not batch.seqs:
-            return None, []
+            return None, refused
+        self._stepping = list(batch.seqs)
         if self._may_pipeline() and self.runner.is_decode(batch):
-            return batch, self._pipeline(batch, self.runner.launch(batch))
+            return batch, refused + self._pipeline(batch, self.runner.launch(batch))
         out = self.runner.run(batch)
-        return batch, self._postprocess(batch, out.token_ids, out.logprobs, out.seconds)
+        return batch, refused + self._postprocess(batch, out.token_ids, out.logprobs, out.seconds)
+
+    def _refused(self) -> list[RequestOutput]:
+        """Outputs of the requests the scheduler refused in its last `schedule()`."""
+        failed, self.scheduler.failed = self.scheduler.failed, []
+        return [self._retire(seq) for seq in failed]
+
+    def _retire(self, seq: Sequence) -> RequestOutput:
+        """The last output of a request finished with an error, which leaves the engine."""
+        seq.stats.finished_time = time.monotonic()
+        logger.warning("request %s failed: %s", seq.request_id, seq.error)
+        return self._output(self.requests.pop(seq.request_id), "")
+
+    # ---- failures -------------------------------------------------------------------------------
+
+    def recover(self, error: Exception) -> list[RequestOutput]:
+        """After `step()` raised `error`: go on without the request that caused it, or raise.
+
+        The sequences of the failed step may hold half-written KV and states: each is released and
+        recomputed as a suspect (Scheduler.requeue), which then runs alone until it has sampled past this
+        point. A sequence that was alone in the failed step, or has been in MAX_FAULTS of them, caused it:
+        it finishes with "error" (its output is returned). Raises when the failure is not a request's (it
+        came before a batch was chosen, or the device cannot go on) or the pools' integrity check fails."""
+        stepping, self._stepping = self._stepping, []
+        if not stepping:
+            raise error
+        self._in_flight = None
+        self.runner.forget_batches()  # on CUDA, synchronizes: a device that faulted raises here
+        self.cache.abandon_exports()
+        unique = {id(s): s for s in stepping}.values()
+        seqs = [s for s in unique if not s.is_finished and s.request_id in self.requests]
+        outputs = []
+        for seq in seqs:
+            seq.faults += 1
+            if len(seqs) == 1 or seq.faults >= MAX_FAULTS:
+                self.scheduler.finish(seq, "error")
+                seq.error = f"the engine failed while serving this request ({type(error).__name__}: {error})"
+                outputs.append(self._retire(seq))
+            elif seq.status is SequenceStatus.RUNNING:
+                self.scheduler.requeue(seq)
+        self.check_integrity()
+        logger.warning(
+            "engine step failed (%s: %s): %d request(s) failed, %d recomputed alone",
+            type(error).__name__, error, len(outputs), len(seqs) - len(outputs),
+        )  # fmt: skip
+        return outputs
 
     # ---- async scheduling: launch step n+1 while step n runs ---------------------------------------
     # Step n (a pure decode batch) is on the device. Before reading its tokens, the sequences that surely
@@ -272,6 +347,7 @@ class LLMEngine:
         post-process `batch`."""
         nxt = self._next_decode(batch) if self._may_pipeline() else None
         if nxt is not None:
+            self._stepping += nxt.seqs
             stops = [self.requests[s.request_id].eos | self.requests[s.request_id].stop_ids for s in nxt.seqs]
             self._in_flight = (nxt, self.runner.launch_ahead(nxt.seqs, flight, stops))
         out = self.runner.collect(flight)
@@ -287,6 +363,8 @@ class LLMEngine:
         give; its blocks allocated. None: read `batch` first and let the scheduler decide."""
         sched = self.scheduler
         if (sched.waiting and len(sched.running) < sched.max_num_seqs) or sched.restore_ready():
+            return None
+        if sched.isolating:
             return None
         seqs = [s for s in batch.seqs if not s.is_finished]
         if len(seqs) != len(sched.running):
@@ -367,6 +445,7 @@ class LLMEngine:
             seq.stats,
             req.prompt,
             req.stream if req.stream is not None else (req.text, delta_text),
+            seq.error,
         )
 
     def reset_prefix_cache(self) -> int:

@@ -85,6 +85,16 @@ class ModelRunner:
         self.on_logits: Callable[[list[str], torch.Tensor], None] | None = None
         caches.bind(model)
 
+    def forget_batches(self) -> None:
+        """After a failed step: wait for the device (raising if it faulted) and drop what was kept from
+        earlier batches, so the next one is prepared from scratch."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self._sampling = None
+        self._stops = None
+        if self.inputs is not None:
+            self.inputs.forget()
+
     def capture_graphs(self, max_batch: int, max_blocks_per_seq: int) -> bool:
         """Keep persistent inputs for decode batches of up to max_batch sequences and, on CUDA, capture decode
         graphs that read them; False, staying eager, when the model cannot be captured."""

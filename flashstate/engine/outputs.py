@@ -28,6 +28,7 @@ class RequestOutput:
         "_stream",
         "_text",
         "_delta_start",
+        "error",
     )
 
     def __init__(
@@ -45,13 +46,15 @@ class RequestOutput:
         stats: RequestStats,
         prompt: str | None = None,
         text: tuple[str, str] | TextStream = ("", ""),
+        error: str | None = None,
     ):
         """tokens[start:end] are the generated tokens so far, tokens[prev:end] the new ones; `text` is
         (text, delta_text), or the stream that detokenises them on demand (this output registers with it)."""
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids  # shared by all outputs of the request: do not mutate
         self.finished = finished
-        self.finish_reason = finish_reason  # "stop" | "length" | "abort"
+        self.finish_reason = finish_reason  # "stop" | "length" | "abort" | "error"
+        self.error = error  # with finish_reason "error": why the engine failed the request
         self.stop_reason = stop_reason
         self.stats = stats
         self.prompt = prompt

@@ -16,6 +16,14 @@ left (just restored from the host tier, say) does not wait out a long prompt's c
 A sequence whose admission starts a host-tier restore waits in `restoring` (holding its slot and blocks,
 counted in `max_num_seqs`, never preempted) while the others run; each step first polls the restores:
 a finished one joins `running` at the host depth, a failed one goes back to the head of the queue.
+
+Liveness: the queue head waits only while something else holds memory that will be freed (running or
+restoring sequences). When nothing does and it still cannot be placed (its prefix hit locks the very
+checkpoints that would have to go), it is admitted as a miss; if even that fails it is refused
+(`failed`, finish reason "error"), never left to block the queue.
+Isolation: a sequence whose step raised (LLMEngine.recover) is a suspect until it has sampled past the
+point of failure (`Sequence.suspect_until`); while one is, it runs alone, so a failure it causes again is
+its own and fails it alone.
 """
 
 from __future__ import annotations
@@ -81,6 +89,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.restoring: list[Sequence] = []
+        self.failed: list[Sequence] = []  # refused by schedule() (finished, "error"): the engine reports them
 
     @classmethod
     def from_config(cls, cache: CacheManager, config: EngineConfig, max_model_len: int) -> Scheduler:
@@ -123,10 +132,13 @@ class Scheduler:
         preempted = False
         self._poll_restores()
         deferred: list[Sequence] = []  # running prefills that take the budget after the admissions
+        only = self._isolated()
         for seq in self._running_order():
             if budget <= 0:
                 break
             if seq.status is not SequenceStatus.RUNNING:  # preempted below for an earlier one's blocks
+                continue
+            if only is not None and seq is not only:
                 continue
             if self.arrivals_first and self.waiting and seq.num_uncomputed > 1:
                 deferred.append(seq)
@@ -148,19 +160,21 @@ class Scheduler:
             and len(self.running) + len(self.restoring) < self.max_num_seqs
         ):
             seq = self.waiting[0]
+            if only is not None and seq is not only:
+                break
             admitting = self.cache.clock()  # before admit(): an inline restore is fetched inside it
-            if not self.cache.admit(seq):
+            placed = self._place(seq, budget)
+            if not placed and not self.running and not self.restoring:
+                # Nothing will free memory for it: take no hit, and refuse it if even that cannot fit.
+                placed = self._place(seq, budget, miss=True)
+                if not placed:
+                    self.waiting.popleft()
+                    self._refuse(seq, "the cache cannot hold this request even with nothing else running")
+                    continue
+            if not placed:
                 break
             n = self._chunk(seq, budget)
-            # Admit only what can run to its first token next to everything already running, so long
-            # prompts do not preempt each other in turn (evicting cache units to make the room).
-            room = self._blocks_to_first_token(seq) + sum(
-                self._blocks_to_first_token(s) for s in self.running + self.restoring
-            )
             if seq.restore is not None:
-                if not self.cache.make_room(room):
-                    self.cache.release(seq, commit=False)
-                    break
                 self.waiting.popleft()
                 seq.stats.admitted_time = admitting
                 seq.status = SequenceStatus.RESTORING
@@ -170,10 +184,6 @@ class Scheduler:
                     if seq.status is SequenceStatus.RUNNING:
                         deferred.append(seq)
                 continue
-            if not (self.cache.make_room(room) and self.cache.allocate(seq, n)):
-                self.cache.release(seq, commit=False)
-                seq.num_computed_tokens = 0
-                break
             self.waiting.popleft()
             seq.stats.admitted_time = seq.stats.running_time = self.cache.clock()
             self.cache.record_admission(seq)
@@ -182,6 +192,8 @@ class Scheduler:
             batch.add(seq, n, self.cache.exports(seq, n))
             budget -= n
         for seq in sorted(deferred, key=lambda s: s.num_uncomputed):
+            if only is not None and seq is not only:
+                continue
             # never preempts: sequences admitted above are in the batch (and their admission made room for
             # every running sequence's next blocks); one that finds no blocks waits a step
             n = self._chunk(seq, budget)
@@ -191,6 +203,48 @@ class Scheduler:
         if not batch.seqs and self.restoring:  # nothing else to run: wait for a restore, not spin
             wait_any([s.restore for s in self.restoring], timeout=0.05)
         return batch
+
+    def _place(self, seq: Sequence, budget: int, miss: bool = False) -> bool:
+        """Admit `seq` into the cache (its slot, its prefix hit or a host restore; no hit with `miss`) with
+        room to run to its first token next to everything already running, so long prompts do not preempt
+        each other in turn (evicting cache units to make the room), and unless it restores, the blocks of
+        its first chunk. False: it holds nothing."""
+        if not self.cache.admit(seq, miss):
+            return False
+        room = self._blocks_to_first_token(seq) + sum(
+            self._blocks_to_first_token(s) for s in self.running + self.restoring
+        )
+        placed = self.cache.make_room(room) and (
+            seq.restore is not None or self.cache.allocate(seq, self._chunk(seq, budget))
+        )
+        if not placed:
+            self.cache.release(seq, commit=False)
+            seq.num_computed_tokens = 0
+        return placed
+
+    def _refuse(self, seq: Sequence, reason: str) -> None:
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason, seq.error = "error", reason
+        self.failed.append(seq)
+
+    def _isolated(self) -> Sequence | None:
+        """The suspect that runs alone this step: a running one, else one at the head of the queue."""
+        for seq in self.running:
+            if seq.suspect_until >= len(seq.token_ids):
+                return seq
+        if self.waiting and self.waiting[0].suspect_until >= len(self.waiting[0].token_ids):
+            return self.waiting[0]
+        return None
+
+    @property
+    def isolating(self) -> bool:
+        return self._isolated() is not None
+
+    def requeue(self, seq: Sequence) -> None:
+        """A running sequence whose step failed: everything it holds released, recomputed from the head of
+        the queue as a suspect (it runs alone until it has sampled past this point)."""
+        self._preempt(seq, count=False)
+        seq.suspect_until = len(seq.token_ids)
 
     def _running_order(self) -> list[Sequence]:
         """The order running sequences take the budget in: admission order (fifo); with arrivals-first, the
@@ -244,12 +298,12 @@ class Scheduler:
         need = self.cache.block_pool.blocks_for(len(seq.token_ids) + 1) - len(seq.block_table)
         return max(need, 0)
 
-    def _preempt(self, seq: Sequence) -> None:
+    def _preempt(self, seq: Sequence, count: bool = True) -> None:
         self.running.remove(seq)
         self.cache.release(seq, commit=False)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
-        seq.stats.num_preemptions += 1
+        seq.stats.num_preemptions += count
         self.waiting.appendleft(seq)
 
     def finish(self, seq: Sequence, reason: str) -> None:
@@ -262,7 +316,7 @@ class Scheduler:
             self.waiting.remove(seq)
         else:
             return
-        self.cache.release(seq, commit=reason != "abort")
+        self.cache.release(seq, commit=reason not in ("abort", "error"))
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
 

@@ -61,8 +61,13 @@ class Sequence:
     restore: HostRestore | None = None  # a host-tier restore in flight (status RESTORING)
     host_chain: list[bytes] = field(default_factory=list)  # host-tier chunk hashes of token_ids so far
     status: SequenceStatus = SequenceStatus.WAITING
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stop_reason: int | str | None = None
+    error: str | None = None  # why the engine failed this request (finish_reason "error")
+    # Engine steps that raised with this sequence in the batch; while suspect_until >= len(token_ids) the
+    # scheduler runs it alone (from a recompute), so a failure it alone causes is told from its batch's.
+    faults: int = 0
+    suspect_until: int = 0
     logprobs: list[float] = field(default_factory=list)
     generator: torch.Generator | None = None
     # Prompt token counts where the caller suggests checkpoints (chat-message ends).

@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from flashstate.engine.async_engine import EngineDeadError
+from flashstate.engine.async_engine import EngineError
 from flashstate.engine.outputs import RequestOutput
 from flashstate.server.errors import bad_request
 from flashstate.server.protocol import ChatCompletionRequest, now, usage
@@ -24,7 +24,6 @@ from flashstate.server.serving_engine import (
     last_output,
     new_id,
     sse,
-    until_disconnect,
 )
 from flashstate.tokenizer import ChatTemplateError, Tokenizer
 
@@ -41,7 +40,7 @@ class OpenAIServingChat(OpenAIServing):
         head = {"id": request_id, "created": created, "model": self.model_name}
         if req.stream:
             return SSEResponse(self._stream(req, head, first, stream))
-        out = await until_disconnect(raw, last_output(first, stream))
+        out = await self.collect(raw, last_output(first, stream))
         choice = {
             "index": 0,
             "message": {"role": "assistant", "content": out.text},
@@ -96,7 +95,7 @@ class OpenAIServingChat(OpenAIServing):
                     yield c
             if req.include_usage:
                 yield sse({**head, "choices": [], "usage": _usage(last)})
-        except EngineDeadError as e:
+        except EngineError as e:
             yield self.engine_error_chunk(e)
         finally:
             await stream.aclose()  # type: ignore[attr-defined] — a disconnect closes us mid-stream

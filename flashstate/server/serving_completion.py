@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from flashstate.engine.async_engine import EngineDeadError
+from flashstate.engine.async_engine import EngineError
 from flashstate.engine.outputs import RequestOutput
 from flashstate.server.protocol import CompletionRequest, now, usage
 from flashstate.server.serving_engine import (
@@ -21,7 +21,6 @@ from flashstate.server.serving_engine import (
     merge_streams,
     new_id,
     sse,
-    until_disconnect,
 )
 
 
@@ -35,7 +34,7 @@ class OpenAIServingCompletion(OpenAIServing):
         head = {"id": request_id, "object": "text_completion", "created": created, "model": self.model_name}
         if req.stream:
             return SSEResponse(self._stream(req, head, firsts, streams))
-        finals = await until_disconnect(
+        finals = await self.collect(
             raw, asyncio.gather(*(last_output(f, s) for f, s in zip(firsts, streams, strict=True)))
         )
         choices = [
@@ -74,7 +73,7 @@ class OpenAIServingCompletion(OpenAIServing):
                         yield chunk
             if req.include_usage:
                 yield sse({**head, "choices": [], "usage": _total_usage(latest)})
-        except EngineDeadError as e:
+        except EngineError as e:
             yield self.engine_error_chunk(e)
         yield sse("[DONE]")
 

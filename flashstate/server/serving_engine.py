@@ -24,7 +24,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from flashstate.config import EngineConfig
-from flashstate.engine.async_engine import AsyncEngine, EngineDeadError
+from flashstate.engine.async_engine import AsyncEngine, EngineDeadError, EngineError
 from flashstate.engine.outputs import RequestOutput
 from flashstate.engine.scheduler import RequestTooLargeError
 from flashstate.sampling_params import SamplingParams
@@ -162,9 +162,8 @@ class OpenAIServing:
                 if any(not self._fits(len(p)) for p in prompts):
                     param = "messages" if checkpoint_positions is not None else "prompt"
                 raise bad_request(str(e), param=param, code="context_length_exceeded") from e
-            if isinstance(e, EngineDeadError):
-                self.healthy = False
-                raise APIError(HTTPStatus.INTERNAL_SERVER_ERROR, str(e), code="engine_dead") from e
+            if isinstance(e, EngineError):
+                raise self.engine_error(e) from e
             if isinstance(e, ValueError):
                 raise bad_request(str(e), param="prompt") from e
             raise
@@ -203,9 +202,22 @@ class OpenAIServing:
             raise bad_request("prompt must not be empty", param="prompt")
         return list(prompt)
 
-    def engine_error_chunk(self, e: Exception) -> str:
-        self.healthy = False
-        return sse(APIError(HTTPStatus.INTERNAL_SERVER_ERROR, str(e), code="engine_dead").body())
+    def engine_error(self, e: EngineError) -> APIError:
+        """The 500 for a request the engine failed alone, or for a dead engine (then unhealthy for good)."""
+        if isinstance(e, EngineDeadError):
+            self.healthy = False
+            return APIError(HTTPStatus.INTERNAL_SERVER_ERROR, str(e), code="engine_dead")
+        return APIError(HTTPStatus.INTERNAL_SERVER_ERROR, str(e), code="request_failed")
+
+    def engine_error_chunk(self, e: EngineError) -> str:
+        return sse(self.engine_error(e).body())
+
+    async def collect(self, raw: Request, awaitable: Awaitable[T]) -> T:
+        """Await the rest of a non-streamed response; the engine's failures become their 500."""
+        try:
+            return await until_disconnect(raw, awaitable)
+        except EngineError as e:
+            raise self.engine_error(e) from e
 
     def token_texts(self, ids: list[int]) -> list[str]:
         return [self.tokenizer.decode([t], skip_special_tokens=False) for t in ids]
