@@ -90,30 +90,43 @@ def wait_ready(
     raise ServerError(f"server at {base_url} not ready after {timeout_s:.0f} s")
 
 
+PORT_ATTEMPTS = 3  # a free port can be taken by another process before the server binds it
+
+
 @contextlib.contextmanager
 def server_process(
     spec: ServerSpec, policy: str, log: Path, extra: tuple[str, ...] = ()
 ) -> Iterator[tuple[str, list[str]]]:
     """A running server for `policy` (plus `extra` flags): yields (base_url, command); stops it on exit."""
-    port = free_port()
-    cmd = spec.command(policy, port, extra)
     log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w") as fh:
-        proc = in_lasting_thread(
-            lambda: subprocess.Popen(
-                cmd,
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=preexec_die_with_parent(signal.SIGTERM),
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        port = free_port()
+        cmd = spec.command(policy, port, extra)
+        with open(log, "w") as fh:
+            proc = in_lasting_thread(
+                lambda cmd=cmd, fh=fh: subprocess.Popen(
+                    cmd,
+                    stdout=fh,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=preexec_die_with_parent(signal.SIGTERM),
+                )
             )
-        )
+        base_url = f"http://127.0.0.1:{port}"
         try:
-            base_url = f"http://127.0.0.1:{port}"
             wait_ready(base_url, spec.startup_timeout_s, proc, log)
-            yield base_url, cmd
-        finally:
+            break
+        except ServerError:
             _stop(proc)
+            if attempt == PORT_ATTEMPTS or "address already in use" not in log.read_text(errors="replace"):
+                raise
+        except BaseException:
+            _stop(proc)
+            raise
+    try:
+        yield base_url, cmd
+    finally:
+        _stop(proc)
 
 
 def _stop(proc: subprocess.Popen) -> None:

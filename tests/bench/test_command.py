@@ -91,3 +91,24 @@ def test_server_that_dies_is_reported(tmp_path):
     spec = ServerSpec(python=sys.executable, entry=("-c", "import sys; sys.exit(3)"), startup_timeout_s=10)
     with pytest.raises(ServerError, match="status 3"), server_process(spec, "vllm", tmp_path / "log"):
         pass
+
+
+BUSY_PORT_ONCE = """
+import runpy, sys
+from pathlib import Path
+marker = Path(sys.argv.pop())
+if not marker.exists():  # the first start finds its port taken, as when another process got there first
+    marker.write_text("")
+    print("ERROR: [Errno 98] error while attempting to bind on address: address already in use")
+    sys.exit(1)
+sys.argv[0] = FAKE_SERVER
+runpy.run_path(FAKE_SERVER, run_name="__main__")
+"""
+
+
+def test_a_server_whose_port_was_taken_is_started_again_on_another(tmp_path):
+    fake = str(Path(__file__).with_name("fake_server.py"))
+    script = f"FAKE_SERVER = {fake!r}\n{BUSY_PORT_ONCE}"
+    spec = ServerSpec((str(tmp_path / "marker"),), startup_timeout_s=30, entry=("-c", script))
+    with server_process(spec, "vllm", tmp_path / "log") as (url, cmd):
+        assert (tmp_path / "marker").exists() and url.endswith(cmd[cmd.index("--port") + 1])
