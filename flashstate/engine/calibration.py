@@ -7,8 +7,9 @@ each length is timed several times and the repeats must agree (the slowest withi
 fastest), the times must grow with the length, the fit must explain them (R² ≥ MIN_R2), and neither
 coefficient may sit at its clamp (a = 0 or b = 0: every token costs something, and attention's cost grows
 with the length). A rejected measurement is retried up to MAX_ATTEMPTS times in all; then the default cost
-is used, nothing is cached, and the log says why. A cached fit is used only on the hardware it was measured
-on (`hardware`: device, core count, torch and CUDA versions, ...); elsewhere it is measured again.
+is used, nothing is cached on disk (the process itself does not measure again), and the log says why.
+A cached fit is used only on the hardware it was measured on (`hardware`: device, core count, torch and
+CUDA versions, ...); elsewhere it is measured again.
 """
 
 from __future__ import annotations
@@ -282,7 +283,15 @@ def load_or_calibrate(
     if cost is not None:
         logger.info("prefill cost C(n) = %.3g·n + %.3g·n² s, cached in %s", cost.a, cost.b, path)
         return cost
+    if path in _rejected:  # this process already failed to measure it: engines after the first start fast
+        logger.warning("prefill cost: the default (calibration rejected earlier: %s)", _rejected[path])
+        return DEFAULT_COST
     cost, detail = calibrate(model, caches, block_size, chunk, max_tokens, device)
     if save(path, cost, detail, device):
         logger.info("calibrated prefill cost: C(n) = %.3g·n + %.3g·n² s (%s)", cost.a, cost.b, path)
+    elif "rejected" in detail:
+        _rejected[path] = detail["rejected"]
     return cost
+
+
+_rejected: dict[Path, str] = {}  # cache path → why its calibration was rejected in this process

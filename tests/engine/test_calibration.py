@@ -154,6 +154,9 @@ def test_a_noisy_engine_start_falls_back_to_the_default_and_caches_nothing(tiny_
     assert llm.engine.cost is DEFAULT_COST and llm.engine.cost.kind == "default"
     assert timings.calls == calibration.MAX_ATTEMPTS * len(calibration_lengths(1024))
     assert not list(tmp_path.glob("*.json"))
+    again = LLM(tiny_model_dir, calibration_cache_dir=str(tmp_path), max_num_batched_tokens=256)
+    assert again.engine.cost is DEFAULT_COST  # not measured again in this process: it starts fast
+    assert timings.calls == calibration.MAX_ATTEMPTS * len(calibration_lengths(1024))
 
 
 def test_calibrate_command_prints_and_stores_the_fit(tiny_model_dir, tmp_path, capsys, timings):
