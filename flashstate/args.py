@@ -282,9 +282,24 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--api-key",
+        nargs="+",
         default=d.api_key,
-        help="require 'Authorization: Bearer KEY' on /v1/* (default: the FLASHSTATE_API_KEY or "
-        "VLLM_API_KEY environment variable, else no key)",
+        metavar="KEY",
+        help="require 'Authorization: Bearer KEY' on /v1/*, KEY any of those given (default: the "
+        "FLASHSTATE_API_KEY or VLLM_API_KEY environment variable, else no key)",
+    )
+    g.add_argument(
+        "--api-key-cache-isolation",
+        action="store_true",
+        default=d.api_key_cache_isolation,
+        help="each API key is a cache tenant: a request's prefix-cache hits (GPU and host tier) come only "
+        "from requests made with the same key (and cache_salt), whatever salt the client sends",
+    )
+    g.add_argument(
+        "--engine-stall-seconds",
+        type=float,
+        default=d.engine_stall_seconds,
+        help="/health answers 503 while the engine has had work and finished no step for this long",
     )
     g.add_argument(
         "--max-waiting-requests",
@@ -312,6 +327,8 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
     values = {
         f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig) if hasattr(args, f.name)
     }
+    if isinstance(values.get("api_key"), list):
+        values["api_key"] = tuple(values["api_key"])
     if values.get("prefill_cost_coefficients") is not None:
         values["prefill_cost_coefficients"] = tuple(values["prefill_cost_coefficients"])
     return EngineConfig(**values)

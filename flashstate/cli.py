@@ -102,11 +102,10 @@ def main(argv: list[str] | None = None) -> int:
         from flashstate.server.app import serve
 
         try:
-            serve(config)
+            return serve(config)
         except (ValueError, FileNotFoundError, OSError) as e:
             print(f"flashstate: error: {e}", file=sys.stderr)
             return 1
-        return 0
     return 0
 
 

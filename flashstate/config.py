@@ -69,8 +69,14 @@ class EngineConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     served_model_name: str | None = None
-    api_key: str | None = None
+    # keys any of which /v1/* accept (a str is one key); None: no key
+    api_key: tuple[str, ...] | str | None = None
+    # each API key's requests are a cache tenant: their prefix-cache hits (GPU and host) only come from
+    # requests made with the same key (and the same cache_salt, if they send one)
+    api_key_cache_isolation: bool = False
     max_waiting_requests: int = 1024  # beyond this the server answers 503
+    # /health answers 503 while the engine thread has had work and no finished step for this long
+    engine_stall_seconds: float = 60.0
     # Python's GIL switch interval in the server (Python's default is 5 ms): a thread that released the GIL
     # (the event loop after a socket write, a host-tier fetch after a checksum) waits up to this long for the
     # engine thread to give it back.
@@ -172,6 +178,14 @@ class EngineConfig:
         ):
             positive(name)
         self._check_host_tier()
+        if isinstance(self.api_key, str):
+            object.__setattr__(self, "api_key", (self.api_key,))
+        if self.api_key is not None and (not self.api_key or not all(self.api_key)):
+            raise ValueError("api_key must be one or more non-empty keys")
+        if self.api_key_cache_isolation and self.api_key is None:
+            raise ValueError("api_key_cache_isolation needs api_key (the tenants are the keys)")
+        if not self.engine_stall_seconds > 0:
+            raise ValueError(f"engine_stall_seconds must be > 0, got {self.engine_stall_seconds}")
         if self.host_tier is not None and self.tensor_parallel_size > 1:
             raise ValueError("host_cache needs tensor_parallel_size 1 (the host tier reads rank 0's pools)")
         if not 0 < self.port < 65536:

@@ -131,17 +131,17 @@ class CacheManager:
 
     def _match(self, seq: Sequence) -> Match | None:
         if self.pages is None:
-            return self.tree.match(seq.token_ids, limit=len(seq.token_ids) - 1)
-        hit = self.pages.begin(seq.request_id, seq.token_ids)
+            return self.tree.match(seq.token_ids, limit=len(seq.token_ids) - 1, salt=seq.cache_salt)
+        hit = self.pages.begin(seq.request_id, seq.token_ids, seq.cache_salt)
         if hit is None:
             return None
-        match = self.tree.match(seq.token_ids, limit=hit)
+        match = self.tree.match(seq.token_ids, limit=hit, salt=seq.cache_salt)
         if match.depth != hit:  # the tree lost a state the pool holds (its own pools ran short)
             self.stats.evictions["vllm_pool_divergence"] += 1
         return Match(match.node, match.depth, self.pages.requests[seq.request_id].attention_hit)
 
-    def _drop_lost_state(self, tokens: list[int], depth: int) -> None:
-        match = self.tree.match(tokens[:depth])
+    def _drop_lost_state(self, tokens: list[int], depth: int, salt: str | None) -> None:
+        match = self.tree.match(tokens[:depth], salt=salt)
         if match.depth == depth:
             self._evict(match.node, "vllm_pool")
 
@@ -241,7 +241,12 @@ class CacheManager:
             seq.restore = None
         if commit and self.host is not None and seq.num_computed_tokens and seq.state_slot is not None:
             self.host.write_back(
-                seq.token_ids, seq.num_computed_tokens, seq.block_table, seq.state_slot, seq.host_chain
+                seq.token_ids,
+                seq.num_computed_tokens,
+                seq.block_table,
+                seq.state_slot,
+                seq.host_chain,
+                salt=seq.cache_salt,
             )
         frontier = self.enabled and self.policy.frontier
         if commit and frontier and seq.num_computed_tokens and seq.state_slot is not None:
@@ -256,7 +261,7 @@ class CacheManager:
             # vLLM keeps the KV of every full block of prompt + output[:-1], with no state behind it.
             depth = seq.num_computed_tokens // self.policy.checkpoint_block * self.policy.checkpoint_block
             if depth:
-                node, _ = self.tree.insert(seq.token_ids, seq.block_table, depth)
+                node, _ = self.tree.insert(seq.token_ids, seq.block_table, depth, seq.cache_salt)
                 self.policy.stamp(node, self.clock())
         if seq.cache_handle is not None:
             self._lock(seq.cache_handle, -1)
@@ -282,11 +287,13 @@ class CacheManager:
         caller). KV the GPU tree still holds (whole chunks up to match.kv_depth) is shared; the later
         chunks and the state object are fetched in the background (`seq.restore`, polled by
         `poll_restore`). False (nothing changed) when there is none or no blocks can be had."""
-        hit = self.host.lookup(seq.token_ids, len(seq.token_ids) - 1, match.depth, seq.host_chain)
+        hit = self.host.lookup(
+            seq.token_ids, len(seq.token_ids) - 1, match.depth, seq.host_chain, salt=seq.cache_salt
+        )
         if hit is None or hit.depth <= match.depth:
             return False
         first = min(match.kv_depth, hit.depth) // self.host.layout.chunk_tokens
-        shared = self.tree.kv_blocks(seq.token_ids, first * self.host.layout.chunk_tokens)
+        shared = self.tree.kv_blocks(seq.token_ids, first * self.host.layout.chunk_tokens, seq.cache_salt)
         self.block_pool.incref(shared)  # held before making room: eviction cannot take them
         blocks = self._take_blocks(self.block_pool.blocks_for(hit.depth) - len(shared))
         if blocks is None:
@@ -320,10 +327,10 @@ class CacheManager:
 
     def _insert_checkpoint(self, seq: Sequence, depth: int, slot: int, frontier: bool) -> None:
         now = self.clock()
-        if self.pages is not None and not self.pages.holds_state(seq.token_ids, depth):
+        if self.pages is not None and not self.pages.holds_state(seq.token_ids, depth, seq.cache_salt):
             self.state_pool.free(slot)  # already evicted from the emulated pool
             return
-        node, _ = self.tree.insert(seq.token_ids, seq.block_table, depth)
+        node, _ = self.tree.insert(seq.token_ids, seq.block_table, depth, seq.cache_salt)
         if node.slot is not None:  # already checkpointed (another request got here first)
             self.state_pool.free(slot)
             self.policy.stamp(node, now)

@@ -14,6 +14,10 @@ takes, for each index, the block of the deepest node covering it.
 checkpoint), or None. A hit needs a node whose checkpoint sits at exactly the hit depth.
 `lock` counts running sequences whose cache handle lies in this node's subtree: a locked node is
 never evicted.
+
+Cache salts (vLLM's `cache_salt`): each salt has a root of its own, so the paths of requests with
+different salts never meet (salt None: the shared root, `root`). A salt's root goes when its last child
+does.
 """
 
 from __future__ import annotations
@@ -78,6 +82,16 @@ class RadixTree:
         self.pool = block_pool
         self.block_size = block_pool.block_size
         self.root = Node(None, 0, [], [])
+        self.roots: dict[str | None, Node] = {None: self.root}
+        self._salts: dict[int, str] = {}  # id of a salt's root -> the salt
+
+    def root_for(self, salt: str | None, create: bool = False) -> Node | None:
+        """The root of `salt`'s paths; None when it has none and `create` is off."""
+        root = self.roots.get(salt)
+        if root is None and create:
+            root = self.roots[salt] = Node(None, 0, [], [])
+            self._salts[id(root)] = salt
+        return root
 
     def _first(self, pos: int) -> int:
         return pos // self.block_size
@@ -86,7 +100,7 @@ class RadixTree:
         return -(-pos // self.block_size)
 
     def nodes(self) -> Iterator[Node]:
-        stack = list(self.root.children.values())
+        stack = [child for root in self.roots.values() for child in root.children.values()]
         while stack:
             node = stack.pop()
             yield node
@@ -94,10 +108,13 @@ class RadixTree:
 
     # ---- lookup ---------------------------------------------------------------------------------
 
-    def match(self, tokens: list[int], limit: int | None = None) -> Match:
-        """Follow `tokens` down the tree; the hit is the deepest checkpoint at depth <= limit."""
+    def match(self, tokens: list[int], limit: int | None = None, salt: str | None = None) -> Match:
+        """Follow `tokens` down the tree of `salt`; the hit is the deepest checkpoint at depth <= limit."""
         limit = len(tokens) if limit is None else limit
-        node, pos, best = self.root, 0, self.root
+        root = self.root_for(salt)
+        if root is None:
+            return Match(self.root, 0, 0)
+        node, pos, best = root, 0, root
         while pos < len(tokens):
             child = node.children.get(tokens[pos])
             if child is None:
@@ -124,11 +141,11 @@ class RadixTree:
             table.extend(n.blocks)
         return table
 
-    def kv_blocks(self, tokens: list[int], depth: int) -> list[int]:
+    def kv_blocks(self, tokens: list[int], depth: int, salt: str | None = None) -> list[int]:
         """Blocks holding the KV of positions [0, depth) of `tokens` (depth a multiple of the block size,
-        at most match(tokens).kv_depth): the path may end inside a node."""
+        at most match(tokens, salt=salt).kv_depth): the path may end inside a node."""
         table: list[int] = []
-        node, pos = self.root, 0
+        node, pos = self.root_for(salt) if depth else self.root, 0
         while pos < depth:
             child = node.children[tokens[pos]]
             n = _common_prefix(child.tokens, tokens, pos, depth)
@@ -156,11 +173,14 @@ class RadixTree:
         upper.lock = node.lock
         return upper
 
-    def insert(self, tokens: list[int], block_table: list[int], depth: int) -> tuple[Node, bool]:
-        """Make the path tokens[:depth] exist; new nodes take references on `block_table`'s blocks.
+    def insert(
+        self, tokens: list[int], block_table: list[int], depth: int, salt: str | None = None
+    ) -> tuple[Node, bool]:
+        """Make the path tokens[:depth] exist under `salt`'s root; new nodes take references on
+        `block_table`'s blocks.
 
         Returns (the node ending at `depth`, whether it was created or cut just now)."""
-        node, pos = self.root, 0
+        node, pos = self.root_for(salt, create=depth > 0) or self.root, 0
         while pos < depth:
             child = node.children.get(tokens[pos])
             if child is None:
@@ -181,9 +201,12 @@ class RadixTree:
     def remove_leaf(self, node: Node) -> None:
         """Detach a leaf without a checkpoint and drop its block references."""
         assert node.is_leaf and node.slot is None and node.lock == 0 and node.parent is not None
-        del node.parent.children[node.tokens[0]]
+        parent = node.parent
+        del parent.children[node.tokens[0]]
         self.pool.free(node.blocks)
         node.blocks = []
+        if not parent.children and parent.parent is None and parent is not self.root:
+            del self.roots[self._salts.pop(id(parent))]
 
     def exclusive_blocks(self, node: Node) -> int:
         """Blocks freed if this leaf (and the checkpoint-less chain above it) went away: those no one else

@@ -38,9 +38,10 @@ Key = tuple[int, int]  # (group, chained block hash)
 NULL = 0
 
 
-def block_hashes(tokens: list[int], block_size: int) -> list[int]:
-    """Chained hash of every full block: h[i] covers tokens[: (i + 1) * block_size]."""
-    out, parent = [], 0
+def block_hashes(tokens: list[int], block_size: int, salt: str | None = None) -> list[int]:
+    """Chained hash of every full block: h[i] covers tokens[: (i + 1) * block_size]; a cache salt seeds the
+    chain (as vLLM's first block hash takes it), so different salts share no key."""
+    out, parent = [], 0 if salt is None else hash(("salt", salt))
     for i in range(len(tokens) // block_size):
         parent = hash((parent, tuple(tokens[i * block_size : (i + 1) * block_size])))
         out.append(parent)
@@ -55,6 +56,7 @@ class _Request:
     blocks: list[list[int]]  # per group: page ids by block index, NULL for none
     num_cached: list[int]  # per group: block indices already offered to the cache
     junction: int  # vLLM's shared_prefix_boundary
+    salt: str | None = None
     computed: int = 0
     last_state: list[int | None] = field(default_factory=list)  # per state group: the previous running state
     retired: list[int] = field(default_factory=list)  # per state group: block indices already freed below
@@ -69,7 +71,7 @@ class VllmPagePool:
         block_size: int,
         num_state_groups: int,
         max_chunk_tokens: int = 4096,
-        on_state_lost: Callable[[list[int], int], None] | None = None,
+        on_state_lost: Callable[[list[int], int, str | None], None] | None = None,
     ):
         if num_pages < 2:
             raise ValueError(f"the vllm page pool needs at least 2 pages (one is null), got {num_pages}")
@@ -82,9 +84,10 @@ class VllmPagePool:
         self.key: list[Key | None] = [None] * num_pages
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_pages))
         self.cached: dict[Key, dict[int, None]] = {}  # key -> pages holding it, first cached first
-        self.prefix: dict[Key, tuple[list[int], int]] = {}  # state key -> (tokens, depth) it stands for
+        # state key -> (tokens, depth, salt) it stands for
+        self.prefix: dict[Key, tuple[list[int], int, str | None]] = {}
         self.requests: dict[str, _Request] = {}
-        self.on_state_lost = on_state_lost  # (tokens, depth): the state there is no longer a hit
+        self.on_state_lost = on_state_lost  # (tokens, depth, salt): the state there is no longer a hit
         self.num_evicted = 0
 
     # ---- the pool -------------------------------------------------------------------------------
@@ -115,9 +118,9 @@ class VllmPagePool:
             return
         del self.cached[key]
         if key[0] < self.num_state_groups:
-            tokens, depth = self.prefix.pop(key)
+            tokens, depth, salt = self.prefix.pop(key)
             if self.on_state_lost is not None and self._state_key_count(key[1]) < self.num_state_groups:
-                self.on_state_lost(tokens, depth)
+                self.on_state_lost(tokens, depth, salt)
 
     def _state_key_count(self, h: int) -> int:
         return sum((g, h) in self.cached for g in range(self.num_state_groups))
@@ -146,14 +149,14 @@ class VllmPagePool:
         for page in tail:
             self.free_queue[page] = None
 
-    def _cache(self, page: int, key: Key, tokens: list[int], depth: int) -> None:
+    def _cache(self, page: int, key: Key, tokens: list[int], depth: int, salt: str | None) -> None:
         if self.key[page] == key or page in self.cached.get(key, ()):
             return
         assert self.key[page] is None, "a page holds one key"
         self.key[page] = key
         self.cached.setdefault(key, {})[page] = None
         if key[0] < self.num_state_groups:
-            self.prefix.setdefault(key, (tokens, depth))
+            self.prefix.setdefault(key, (tokens, depth, salt))
 
     def _get(self, key: Key) -> int | None:
         holders = self.cached.get(key)
@@ -161,17 +164,17 @@ class VllmPagePool:
 
     # ---- lookup ---------------------------------------------------------------------------------
 
-    def lookup(self, tokens: list[int]) -> tuple[int, int]:
+    def lookup(self, tokens: list[int], salt: str | None = None) -> tuple[int, int]:
         """(hit, A): the tokens vLLM restores, and how far its cached attention blocks follow `tokens`."""
         B = self.block_size
-        hashes = block_hashes(tokens[: (len(tokens) - 1) // B * B], B)
+        hashes = block_hashes(tokens[: (len(tokens) - 1) // B * B], B, salt)
         return self._lookup(hashes)[:2]
 
-    def holds_state(self, tokens: list[int], depth: int) -> bool:
+    def holds_state(self, tokens: list[int], depth: int, salt: str | None = None) -> bool:
         """Whether every state group holds the state after tokens[:depth] (a hit could end there)."""
         if depth <= 0 or depth % self.block_size:
             return False
-        h = block_hashes(tokens[:depth], self.block_size)[-1]
+        h = block_hashes(tokens[:depth], self.block_size, salt)[-1]
         return self._state_key_count(h) == self.num_state_groups
 
     def _lookup(self, hashes: list[int]) -> tuple[int, int, list[int], list[int]]:
@@ -205,20 +208,20 @@ class VllmPagePool:
         """Whether a request of this many tokens can ever be admitted (with its hit touched)."""
         return self.pages_needed(num_tokens, 0) + self.num_state_groups <= self.num_pages - 1
 
-    def begin(self, rid: str, prompt: list[int]) -> int | None:
+    def begin(self, rid: str, prompt: list[int], salt: str | None = None) -> int | None:
         """Look up a new request and touch its hit; the hit, or None (nothing changed) if its prefill could
         not get its pages now. `advance` then runs its steps."""
         if rid in self.requests:
             raise ValueError(f"request {rid!r} already holds pages")
         B, L = self.block_size, len(prompt)
-        hashes = block_hashes(prompt, B)
+        hashes = block_hashes(prompt, B, salt)
         hit, a, attn, states = self._lookup(hashes[: (L - 1) // B])
         evictable = sum(self.ref[p] == 0 for p in [*attn, *states])
         if self.pages_needed(L, hit) + evictable > self.num_free:
             return None
         n = self.num_state_groups
         req = _Request(
-            L, list(prompt), hashes, [[] for _ in range(n + 1)], [0] * (n + 1), a if a > hit else 0
+            L, list(prompt), hashes, [[] for _ in range(n + 1)], [0] * (n + 1), a if a > hit else 0, salt
         )
         req.hit, req.attention_hit = hit, a
         req.last_state, req.retired = [None] * n, [0] * n
@@ -244,7 +247,7 @@ class VllmPagePool:
             if end > computed:
                 return
             if len(req.hashes) < len(tokens) // self.block_size:
-                req.hashes = block_hashes(tokens, self.block_size)
+                req.hashes = block_hashes(tokens, self.block_size, req.salt)
             if not self._step(req, end - req.computed):
                 return
 
@@ -346,7 +349,7 @@ class VllmPagePool:
             for i in range(req.num_cached[g], full):
                 if blocks[i] == NULL or (state and i not in keep):
                     continue
-                self._cache(blocks[i], (g, req.hashes[i]), req.tokens, (i + 1) * B)
+                self._cache(blocks[i], (g, req.hashes[i]), req.tokens, (i + 1) * B, req.salt)
             req.num_cached[g] = max(req.num_cached[g], full)
 
     # ---- views (tests, traces) ------------------------------------------------------------------

@@ -99,12 +99,13 @@ class AsyncEngine:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         checkpoint_positions: list[int] | None = None,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Queue a request (errors for bad input raise here, before anything is queued) and stream its
         outputs until it finishes."""
         if self._error is not None:
             raise EngineDeadError(f"engine loop failed: {self._error}")
-        req = self.engine.new_request(prompt, params, request_id, checkpoint_positions)
+        req = self.engine.new_request(prompt, params, request_id, checkpoint_positions, cache_salt)
         rid = req.seq.request_id
         if rid in self._streams:
             raise ValueError(f"request id {rid!r} is already in use")

@@ -174,12 +174,14 @@ class LLMEngine:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         checkpoint_positions: list[int] | None = None,
+        cache_salt: str | None = None,
     ) -> str:
         """Tokenise and queue a request; raises ValueError (RequestTooLargeError) if it can never run.
 
         `checkpoint_positions`: prompt token counts where the prefix cache may keep a checkpoint (e.g. the
-        ends of chat messages); used when the policy exports states from inside prefill."""
-        return self.add(self.new_request(prompt, params, request_id, checkpoint_positions))
+        ends of chat messages); used when the policy exports states from inside prefill. `cache_salt`: the
+        request's prefix-cache hits (GPU and host tier) come only from requests with the same salt."""
+        return self.add(self.new_request(prompt, params, request_id, checkpoint_positions, cache_salt))
 
     def new_request(
         self,
@@ -187,6 +189,7 @@ class LLMEngine:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         checkpoint_positions: list[int] | None = None,
+        cache_salt: str | None = None,
     ) -> RequestState:
         """A checked request, not queued yet (`add` queues it). Touches no engine state, so another thread
         may build requests while this one steps; raises ValueError as `add_request` does."""
@@ -204,7 +207,7 @@ class LLMEngine:
                 )
         params = self._bounded(params, len(token_ids))
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
-        seq = Sequence(request_id, token_ids, params)
+        seq = Sequence(request_id, token_ids, params, cache_salt=cache_salt)
         seq.hint_positions = sorted({p for p in checkpoint_positions or [] if 0 < p <= len(token_ids)})
         self.scheduler.check(seq)
         decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)  # noqa: E731

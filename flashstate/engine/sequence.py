@@ -60,6 +60,7 @@ class Sequence:
     cache_handle: object | None = None  # the prefix cache's lock on the matched path
     restore: HostRestore | None = None  # a host-tier restore in flight (status RESTORING)
     host_chain: list[bytes] = field(default_factory=list)  # host-tier chunk hashes of token_ids so far
+    cache_salt: str | None = None  # prefix-cache hits only between requests of the same salt (vLLM's)
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stop_reason: int | str | None = None

@@ -14,6 +14,7 @@ types → 400, all as OpenAI-style error JSON (server/errors.py).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import hmac
 import logging
 import sys
@@ -89,21 +90,35 @@ def build_app(engine: AsyncEngine, config: EngineConfig) -> FastAPI:
     async def _client_gone(_: Request, __: ClientGone) -> Response:
         return Response(status_code=499)  # nobody is listening
 
+    keys = [k.encode() for k in config.api_key or ()]
+    tenants = [hashlib.sha256(k).hexdigest()[:16] for k in keys]
+
     def authorize(raw: Request) -> None:
-        if config.api_key is None:
+        """Check the bearer key; its tenant (a digest of the key) goes to `raw.state.tenant`."""
+        if not keys:
             return
         scheme, _, token = raw.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip(), config.api_key):
+        # Header values arrive as latin-1 text: compared as bytes, any byte in them is only a wrong key.
+        given = token.strip().encode("latin-1", "replace")
+        matches = [hmac.compare_digest(given, key) for key in keys]  # every key compared: no early exit
+        if scheme.lower() != "bearer" or not any(matches):
             raise APIError(
                 HTTPStatus.UNAUTHORIZED,
                 "Missing or incorrect API key: send 'Authorization: Bearer <key>'.",
                 code="invalid_api_key",
             )
+        raw.state.tenant = tenants[matches.index(True)]
 
     @app.get("/health")
     async def health() -> Response:
-        if not (completions.healthy and chat.healthy):
+        if not (completions.healthy and chat.healthy) or engine.dead:
             raise APIError(HTTPStatus.SERVICE_UNAVAILABLE, "the engine loop has died", code="engine_dead")
+        if engine.stalled(config.engine_stall_seconds):
+            raise APIError(
+                HTTPStatus.SERVICE_UNAVAILABLE,
+                f"the engine loop has finished no step for over {config.engine_stall_seconds:g} s",
+                code="engine_stalled",
+            )
         return Response(status_code=200)
 
     @app.get("/version")
@@ -145,11 +160,19 @@ def build_app(engine: AsyncEngine, config: EngineConfig) -> FastAPI:
     return app
 
 
-def serve(config: EngineConfig) -> None:
-    """Load the model, start the engine loop, serve until SIGINT/SIGTERM."""
+def serve(config: EngineConfig) -> int:
+    """Load the model, start the engine loop, serve until SIGINT/SIGTERM (0) or until the engine loop
+    cannot go on (1: the supervisor restarts the server)."""
     sys.setswitchinterval(config.gil_switch_interval_ms / 1e3)
     logger.info("GIL switch interval %g ms", config.gil_switch_interval_ms)
-    engine = AsyncEngine(config)
+    servers: list[uvicorn.Server] = []
+
+    def on_dead(error: BaseException) -> None:
+        logger.error("the engine loop cannot go on (%s): shutting the server down", error)
+        for server in servers:
+            server.should_exit = True  # uvicorn's main loop reads it every tick
+
+    engine = AsyncEngine(config, on_dead=on_dead)
     frozen = for_serving()
     logger.info(
         "garbage collector: %d start-up objects frozen, generation 0 threshold %d", frozen, GEN0_THRESHOLD
@@ -159,7 +182,11 @@ def serve(config: EngineConfig) -> None:
     server = uvicorn.Server(
         uvicorn.Config(app, host=config.host, port=config.port, log_level="info", timeout_graceful_shutdown=5)
     )
+    servers.append(server)
+    if engine.dead:  # died before the server existed to hear of it
+        server.should_exit = True
     try:
         server.run()  # a port already in use: uvicorn logs it and exits with status 1
     finally:
         engine.shutdown()
+    return 1 if engine.dead else 0

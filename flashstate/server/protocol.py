@@ -3,7 +3,7 @@ a wrong type is a 400 naming the field, never a silent coercion. Unknown fields 
 clients send fields a server may not know.
 
 Extensions (vLLM names): `top_k`, `min_p`, `ignore_eos`, `stop_token_ids`, `include_stop_str_in_output`,
-`skip_special_tokens`; chat also `chat_template_kwargs` and `add_generation_prompt`.
+`skip_special_tokens`, `cache_salt`; chat also `chat_template_kwargs` and `add_generation_prompt`.
 Not supported, answered with 400 when asked for: `n` > 1, `best_of` > 1, `echo`, `suffix`, non-zero
 penalties, `logit_bias`, non-text content parts, `response_format` other than text.
 """
@@ -17,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from flashstate.sampling_params import SamplingParams
 from flashstate.server.errors import bad_request
+
+MAX_CACHE_SALT_CHARS = 1024
 
 
 class _Strict(BaseModel):
@@ -55,6 +57,8 @@ class _SamplingFields(_Strict):
     stream_options: StreamOptions | None = None
     user: str | None = None
     return_token_ids: bool = False  # vLLM: generated token ids on each choice (delta ids when streaming)
+    # vLLM: prefix-cache hits only between requests of the same salt (multi-tenant isolation)
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)
 
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         """Build SamplingParams; its ValueError ("top_p must be ...") becomes a 400 naming the field."""

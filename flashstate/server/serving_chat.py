@@ -36,7 +36,8 @@ class OpenAIServingChat(OpenAIServing):
         params = req.to_sampling_params()
         prompt, positions = await asyncio.to_thread(render_chat, self.tokenizer, req)
         request_id, created = new_id("chatcmpl"), now()
-        (first,), (stream,) = await self.generate(raw, [prompt], params, request_id, positions)
+        salt = req.cache_salt
+        (first,), (stream,) = await self.generate(raw, [prompt], params, request_id, positions, salt)
         head = {"id": request_id, "created": created, "model": self.model_name}
         if req.stream:
             return SSEResponse(self._stream(req, head, first, stream))

@@ -30,7 +30,7 @@ class OpenAIServingCompletion(OpenAIServing):
         params = req.to_sampling_params()
         prompts = [await self.tokenize(p) for p in req.prompts()]
         request_id, created = new_id("cmpl"), now()
-        firsts, streams = await self.generate(raw, prompts, params, request_id)
+        firsts, streams = await self.generate(raw, prompts, params, request_id, cache_salt=req.cache_salt)
         head = {"id": request_id, "object": "text_completion", "created": created, "model": self.model_name}
         if req.stream:
             return SSEResponse(self._stream(req, head, firsts, streams))

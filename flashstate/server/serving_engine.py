@@ -36,6 +36,10 @@ T = TypeVar("T")
 Prompt = str | list[int]
 
 
+# Request fields the engine checks against the model (LLMEngine._bounded) besides the prompt.
+_ENGINE_CHECKED = {"stop_token_ids", "logprobs"}
+
+
 class ClientGone(Exception):
     """The client disconnected before the response started."""
 
@@ -126,14 +130,16 @@ class OpenAIServing:
         params: SamplingParams,
         request_id: str,
         checkpoint_positions: list[int] | None = None,
+        cache_salt: str | None = None,
     ) -> tuple[list[RequestOutput], list[AsyncIterator[RequestOutput]]]:
         """Queue every prompt and wait for each one's first output. Returns those and the streams of the rest.
         Raises APIError (400 bad prompt, 503 overload, 500 engine dead) or ClientGone; on any error nothing
-        stays queued."""
+        stays queued. `cache_salt`: the request's, which joins its tenant's (see `tenant_salt`)."""
         self._check_capacity(len(prompts))
         ids = [request_id] if len(prompts) == 1 else [f"{request_id}-{i}" for i in range(len(prompts))]
+        salt = self.tenant_salt(raw, cache_salt)
         streams = [
-            self._tracked(self.engine.generate(p, params, rid, checkpoint_positions=checkpoint_positions))
+            self._tracked(self.engine.generate(p, params, rid, checkpoint_positions, salt))
             for p, rid in zip(prompts, ids, strict=True)
         ]
         unstarted = len(streams)
@@ -164,12 +170,21 @@ class OpenAIServing:
                 raise bad_request(str(e), param=param, code="context_length_exceeded") from e
             if isinstance(e, EngineError):
                 raise self.engine_error(e) from e
-            if isinstance(e, ValueError):
-                raise bad_request(str(e), param="prompt") from e
+            if isinstance(e, ValueError):  # the engine's message starts with the field it refuses
+                field = str(e).split(" ", 1)[0]
+                raise bad_request(str(e), param=field if field in _ENGINE_CHECKED else "prompt") from e
             raise
         finally:
             self._reserved -= unstarted
             unstarted = 0
+
+    def tenant_salt(self, raw: Request, cache_salt: str | None) -> str | None:
+        """The salt the cache sees. With API-key cache isolation every request's salt starts with its key's
+        tenant digest (which holds no "/"), so no client salt of one tenant can name another's."""
+        if not self.config.api_key_cache_isolation:
+            return cache_salt
+        tenant = raw.state.tenant
+        return tenant if cache_salt is None else f"{tenant}/{cache_salt}"
 
     def _fits(self, num_tokens: int) -> bool:
         llm = self.engine.engine

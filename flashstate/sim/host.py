@@ -106,12 +106,18 @@ class SimHostTier:
             self.index.mark_written(key, chunks)
 
     def write_back(
-        self, tokens: list[int], depth: int, blocks: list[int], slot: int, chain: list[bytes] | None = None
+        self,
+        tokens: list[int],
+        depth: int,
+        blocks: list[int],
+        slot: int,
+        chain: list[bytes] | None = None,
+        salt: str | None = None,
     ) -> None:
         if depth < 1:
             return
         self._land_writes()
-        last, key, chunk_keys = self.layout.keys(tokens, depth, chain)
+        last, key, chunk_keys = self.layout.keys(tokens, depth, chain, salt)
         if self.index.touch(key):
             return
         new = [k for k in chunk_keys if k not in self.index.chunks]
@@ -125,12 +131,17 @@ class SimHostTier:
         heapq.heappush(self._writes, (lands, self._order, key, new))
 
     def lookup(
-        self, tokens: list[int], limit: int, floor: int = 0, chain: list[bytes] | None = None
+        self,
+        tokens: list[int],
+        limit: int,
+        floor: int = 0,
+        chain: list[bytes] | None = None,
+        salt: str | None = None,
     ) -> HostHit | None:
         self._land_writes()
         if not len(self.index):
             return None
-        hit = self.index.find(tokens, limit, self.layout.chain(tokens, limit, chain), self.layout)
+        hit = self.index.find(tokens, limit, self.layout.chain(tokens, limit, chain, salt), self.layout)
         return hit if hit is not None and hit.depth > floor else None
 
     def start_restore(

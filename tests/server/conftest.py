@@ -39,7 +39,11 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, args: list[str], log: Path, api_key: str | None = None):
+    def __init__(
+        self, args: list[str], log: Path, api_key: str | None = None, module: str = "flashstate.cli"
+    ):
+        """`module`: what `python -m` runs, with flashstate.cli's arguments (tests/server/fault_server.py
+        injects faults)."""
         self.port = free_port()
         self.url = f"http://{HOST}:{self.port}"
         self.api_key = api_key
@@ -47,7 +51,7 @@ class Server:
         cmd = [
             sys.executable,
             "-m",
-            "flashstate.cli",
+            module,
             "serve",
             "--host",
             HOST,
@@ -139,8 +143,10 @@ class Server:
 
 
 @contextlib.contextmanager
-def running_server(tmp_path: Path, args: list[str], api_key: str | None = None) -> Iterator[Server]:
-    server = Server(args, tmp_path / "server.log", api_key)
+def running_server(
+    tmp_path: Path, args: list[str], api_key: str | None = None, module: str = "flashstate.cli"
+) -> Iterator[Server]:
+    server = Server(args, tmp_path / "server.log", api_key, module)
     try:
         server.wait_ready()
         yield server

@@ -39,7 +39,7 @@ def test_vllm_style_command_line_lands_in_engine_config():
         "--seed", "3",
     )  # fmt: skip
     assert (c.model, c.host, c.port, c.served_model_name, c.api_key) == (
-        "/models/qwen3-next", "0.0.0.0", 9001, "qwen", "sk-1",
+        "/models/qwen3-next", "0.0.0.0", 9001, "qwen", ("sk-1",),
     )  # fmt: skip
     assert (c.max_model_len, c.max_num_seqs, c.max_num_batched_tokens) == (32000, 48, 8192)
     assert c.gpu_memory_utilization == 0.85 and c.kv_cache_memory_bytes == 8 << 30
@@ -142,8 +142,9 @@ def test_human_readable_int_rejects_junk():
 def test_api_key_from_environment(monkeypatch):
     monkeypatch.delenv("FLASHSTATE_API_KEY", raising=False)
     monkeypatch.setenv("VLLM_API_KEY", "from-env")
-    assert config().api_key == "from-env"
-    assert config("--api-key", "flag").api_key == "flag"
+    assert config().api_key == ("from-env",)
+    assert config("--api-key", "flag").api_key == ("flag",)
+    assert config("--api-key", "k1", "k2").api_key == ("k1", "k2")
 
 
 def test_async_scheduling_is_on_by_default_and_can_be_turned_off():
