@@ -11,7 +11,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from flashstate.config import EngineConfig
 from flashstate.engine.llm_engine import LLMEngine
@@ -25,6 +27,7 @@ from flashstate.sampling_params import SamplingParams
 
 logger = logging.getLogger("flashstate")
 Delivery = RequestOutput | Exception  # what a request's stream receives
+T = TypeVar("T")
 
 
 class EngineError(RuntimeError):
@@ -59,7 +62,8 @@ class AsyncEngine:
         self._error: BaseException | None = None
         self._on_dead = on_dead
         self.last_progress = time.monotonic()  # the engine thread's last step or idle wait
-        self._inbox: deque[RequestState | str] = deque()  # a request to add, or the id of one to abort
+        # a request to add, the id of one to abort, or a call to make on the engine thread
+        self._inbox: deque[RequestState | str | EngineCall] = deque()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         built = threading.Event()
         failed: list[BaseException] = []
@@ -141,6 +145,16 @@ class AsyncEngine:
             if not finished:
                 self.abort(rid)
 
+    async def call(self, fn: Callable[[LLMEngine], T]) -> T:
+        """Run `fn(engine)` on the engine thread between two steps and return what it returns."""
+        if self._error is not None:
+            raise EngineDeadError(f"engine loop failed: {self._error}")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+        self._inbox.append(EngineCall(fn, loop, future))
+        self._wake.set()
+        return await future
+
     def abort(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
         self._inbox.append(request_id)
@@ -183,6 +197,8 @@ class AsyncEngine:
             item = self._inbox.popleft()
             if isinstance(item, str):
                 self.engine.abort(item)
+            elif isinstance(item, EngineCall):
+                item.run(self.engine)
             elif item.seq.request_id in self._streams:  # not aborted while in the inbox
                 try:
                     self.engine.add(item)
@@ -233,6 +249,30 @@ class AsyncEngine:
             loop.call_soon_threadsafe(queue.put_nowait, error)
         if self._on_dead is not None:
             self._on_dead(error)
+
+
+@dataclass(slots=True)
+class EngineCall:
+    fn: Callable[[LLMEngine], Any]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+
+    def run(self, engine: LLMEngine) -> None:
+        try:
+            result = self.fn(engine)
+        except Exception as e:  # noqa: BLE001 — the caller's to handle
+            self.loop.call_soon_threadsafe(_settle, self.future, None, e)
+        else:
+            self.loop.call_soon_threadsafe(_settle, self.future, result, None)
+
+
+def _settle(future: asyncio.Future, result: Any, error: Exception | None) -> None:
+    if future.done():  # the caller went away
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 def _deliver(items: list[tuple[asyncio.Queue, Delivery]]) -> None:

@@ -1,8 +1,9 @@
 """The OpenAI-compatible app and `serve(config)`.
 
-    GET  /health               200 while the engine loop runs, 503 after it died
+    GET  /health               200 while the engine loop runs; 503 once it died or while it is stalled
     GET  /version              {"version": ...}
     GET  /metrics              Prometheus text format (server/metrics.py)
+    POST /reset_prefix_cache   evict the prefix cache (vLLM's); the pools after it, integrity-checked
     GET  /v1/models            the one served model
     POST /v1/completions       server/serving_completion.py
     POST /v1/chat/completions  server/serving_chat.py
@@ -31,6 +32,7 @@ from pydantic import BaseModel, ValidationError
 from flashstate import __version__
 from flashstate.config import EngineConfig
 from flashstate.engine.async_engine import AsyncEngine
+from flashstate.engine.llm_engine import LLMEngine
 from flashstate.gc_pauses import GEN0_THRESHOLD, for_serving
 from flashstate.server.errors import APIError, from_validation_error, install_handlers
 from flashstate.server.metrics import ServerMetrics
@@ -120,6 +122,28 @@ def build_app(engine: AsyncEngine, config: EngineConfig) -> FastAPI:
                 code="engine_stalled",
             )
         return Response(status_code=200)
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache(raw: Request) -> dict:
+        """vLLM's: evict every cached prefix no running request holds. Needs the API key when one is set
+        (it costs every tenant its hits). Reports the pools after it, checked for integrity."""
+        authorize(raw)
+
+        def reset(llm: LLMEngine) -> dict:
+            evicted = llm.reset_prefix_cache()
+            llm.check_integrity()
+            cache = llm.cache
+            return {
+                "evicted_checkpoints": evicted,
+                "free_blocks": cache.block_pool.num_free,
+                "num_blocks": cache.block_pool.num_blocks,
+                "free_state_slots": cache.state_pool.num_free,
+                "num_state_slots": cache.state_pool.num_slots,
+                "running": len(llm.scheduler.running) + len(llm.scheduler.restoring),
+                "waiting": len(llm.scheduler.waiting),
+            }
+
+        return await engine.call(reset)
 
     @app.get("/version")
     async def version() -> dict:

@@ -178,3 +178,14 @@ def test_the_prefix_cache_is_no_oracle_across_api_keys(tenants):
     assert same_key["4821"] > same_key["1234"]  # the side channel within a tenant: a real hit
     for salt in (None, "x"):  # the attacker's first probe of each salt, with the right guess
         assert _cached(tenants, ATTACKER, _system("4821") + probe, salt) == 0
+
+
+def test_reset_prefix_cache_leaves_the_pools_whole(short):
+    for i in range(3):
+        short.post_json("/v1/completions", {"prompt": [i + 1] * 20, "max_tokens": 3})
+    status, pools = short.post_json("/reset_prefix_cache", b"")
+    assert status == 200
+    assert (
+        pools["free_blocks"] == pools["num_blocks"] and pools["free_state_slots"] == pools["num_state_slots"]
+    )
+    assert (pools["running"], pools["waiting"]) == (0, 0)
