@@ -22,6 +22,9 @@ import tokenizers
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken
 
+# Chat-message ends get checkpoint positions in the last this many messages (chat_message_boundaries).
+BOUNDARY_MESSAGES = 32
+
 
 class ChatTemplateError(ValueError):
     """The messages are malformed, the tokenizer has no chat template, or the template failed."""
@@ -146,12 +149,16 @@ class Tokenizer:
         every position is a prefix of the prompt's tokens. Fallback: when that render is not a prefix of the
         full render (templates that rewrite earlier turns, e.g. drop reasoning from all but the last
         assistant message) or the template refuses the shorter list, message k gets no position.
+
+        Only the last BOUNDARY_MESSAGES messages get positions: each takes a render of the conversation up
+        to it, so the work stays linear in its length however many messages an agent sends; a turn's new
+        messages (what the cache lacks) are at its end, and earlier ends were positions of earlier turns.
         """
         full = self.apply_chat_template(messages, tools, add_generation_prompt, **kwargs)
         encoding = _encode(self._untrimmed, full, add_special_tokens=False)
         ends = [end for _, end in encoding.offsets]  # character offsets, non-decreasing
         positions: list[int] = []
-        for k in range(1, len(messages) + 1):
+        for k in range(max(len(messages) - BOUNDARY_MESSAGES, 0) + 1, len(messages) + 1):
             try:
                 prefix = self.apply_chat_template(messages[:k], tools, False, **kwargs)
             except ChatTemplateError:

@@ -20,7 +20,7 @@ from flashstate.default_tokenizer import (
     build_default_tokenizer,
     write_default_tokenizer,
 )
-from flashstate.tokenizer import ChatTemplateError, Tokenizer
+from flashstate.tokenizer import BOUNDARY_MESSAGES, ChatTemplateError, Tokenizer
 
 TOOLS = [
     {
@@ -220,6 +220,22 @@ def test_boundaries_are_message_ends(tok):
         assert tok.decode(ids[:end], skip_special_tokens=False) == partial
     without = tok.chat_message_boundaries(CONVERSATION, tools=TOOLS, add_generation_prompt=False)
     assert without == bounds[:-1]
+
+
+def test_boundaries_of_a_long_chat_take_a_bounded_number_of_renders(tok, monkeypatch):
+    messages = [{"role": ("user", "assistant")[i % 2], "content": f"m{i}"} for i in range(2000)]
+    renders = []
+    render = tok.apply_chat_template
+    monkeypatch.setattr(
+        tok, "apply_chat_template", lambda m, *a, **k: renders.append(len(m)) or render(m, *a, **k)
+    )
+    bounds = tok.chat_message_boundaries(messages)
+    assert len(renders) == BOUNDARY_MESSAGES + 1  # the full render, then one per message at the end
+    assert len(bounds) == BOUNDARY_MESSAGES + 1
+    ids = tok.encode(render(messages), add_special_tokens=False)
+    assert bounds[-1] == len(ids)
+    first = render(messages[: 2000 - BOUNDARY_MESSAGES + 1], add_generation_prompt=False)
+    assert tok.decode(ids[: bounds[0]], skip_special_tokens=False) == first
 
 
 def test_boundaries_round_down_inside_a_merged_token():
