@@ -45,6 +45,8 @@ from flashstate.tokenizer import Tokenizer
 logger = logging.getLogger("flashstate")
 # A sequence in this many failed steps fails, even if it never failed alone (see LLMEngine.recover).
 MAX_FAULTS = 3
+# This many failed steps without one that succeeds between them: the engine, not a request, is broken.
+MAX_FAILED_STEPS_IN_A_ROW = 4
 
 
 class LLMEngine:
@@ -66,6 +68,7 @@ class LLMEngine:
             self.device = self.tp.device
         self._in_flight: tuple[ScheduledBatch, InFlight] | None = None  # a decode step launched ahead
         self._stepping: list[Sequence] = []  # the sequences of the step under way (see `recover`)
+        self._failed_steps = 0  # steps failed since the last that succeeded
         self.trace: StepTrace | None = None
         self._scheduled_at = 0.0
         try:
@@ -259,11 +262,13 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         if self.trace is None:
-            return self._step()[1]
-        start = self._scheduled_at = time.monotonic()
-        ahead = self._in_flight is not None
-        batch, outputs = self._step()
-        self.trace.record(start, self._scheduled_at, batch, self.scheduler, ahead, self.host)
+            outputs = self._step()[1]
+        else:
+            start = self._scheduled_at = time.monotonic()
+            ahead = self._in_flight is not None
+            batch, outputs = self._step()
+            self.trace.record(start, self._scheduled_at, batch, self.scheduler, ahead, self.host)
+        self._failed_steps = 0
         return outputs
 
     def _step(self) -> tuple[ScheduledBatch | None, list[RequestOutput]]:
@@ -303,10 +308,13 @@ class LLMEngine:
         The sequences of the failed step may hold half-written KV and states: each is released and
         recomputed as a suspect (Scheduler.requeue), which then runs alone until it has sampled past this
         point. A sequence that was alone in the failed step, or has been in MAX_FAULTS of them, caused it:
-        it finishes with "error" (its output is returned). Raises when the failure is not a request's (it
-        came before a batch was chosen, or the device cannot go on) or the pools' integrity check fails."""
+        it finishes with "error" (its output is returned). Raises when the failure is not a request's: it
+        came before a batch was chosen, the device cannot go on, MAX_FAILED_STEPS_IN_A_ROW steps failed
+        with none succeeding between them (a dead tensor-parallel worker fails every step), or the pools'
+        integrity check fails."""
         stepping, self._stepping = self._stepping, []
-        if not stepping:
+        self._failed_steps += 1
+        if not stepping or self._failed_steps >= MAX_FAILED_STEPS_IN_A_ROW:
             raise error
         self._in_flight = None
         self.runner.forget_batches()  # on CUDA, synchronizes: a device that faulted raises here

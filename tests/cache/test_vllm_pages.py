@@ -58,7 +58,9 @@ def test_pool_reproduces_vllm_trace(run: str) -> None:
 def test_scratch_pages_go_first_and_evictions_report_lost_states() -> None:
     B = 4
     lost: list[int] = []
-    pool = VllmPagePool(12, B, num_state_groups=1, on_state_lost=lambda tokens, depth, salt: lost.append(depth))
+    pool = VllmPagePool(
+        12, B, num_state_groups=1, on_state_lost=lambda tokens, depth, salt: lost.append(depth)
+    )
     first = list(range(10))  # R = floor(9 / 4) * 4 = 8: prefill chunks [0, 8) and [8, 10)
     assert pool.begin("a", first) == 0
     pool.end("a", first + [100, 101])
