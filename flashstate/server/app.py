@@ -65,6 +65,15 @@ async def read_body(raw: Request, model: type[M], limit: int) -> M:
         raise from_validation_error(e) from e
 
 
+def body_schema(model: type[BaseModel], path: str) -> dict:
+    """OpenAPI `requestBody` for a POST route that reads its body by hand (`read_body`): the model's JSON
+    schema, its `$defs` kept inside it and referenced by JSON pointers from the document's root."""
+    route = path.replace("~", "~0").replace("/", "~1")
+    here = f"#/paths/{route}/post/requestBody/content/application~1json/schema"
+    schema = model.model_json_schema(ref_template=here + "/$defs/{model}")
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
 def _too_large(limit: int) -> APIError:
     return APIError(
         HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
@@ -167,14 +176,16 @@ def build_app(engine: AsyncEngine, config: EngineConfig) -> FastAPI:
         }
         return {"object": "list", "data": [card]}
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=body_schema(CompletionRequest, "/v1/completions"))
     async def create_completion(raw: Request) -> Response:
         authorize(raw)
         return await completions.create(
             await read_body(raw, CompletionRequest, config.max_request_body_bytes), raw
         )
 
-    @app.post("/v1/chat/completions")
+    @app.post(
+        "/v1/chat/completions", openapi_extra=body_schema(ChatCompletionRequest, "/v1/chat/completions")
+    )
     async def create_chat_completion(raw: Request) -> Response:
         authorize(raw)
         return await chat.create(
