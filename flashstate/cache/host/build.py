@@ -100,7 +100,7 @@ def build_host_tier(
     )
     if kind == "mooncake":
         try:
-            store.connect()
+            store.connect(wait=config.host_cache_timeout)  # a hung master does not hold up start-up
         except StoreUnavailableError as e:  # serve on the GPU cache alone; the tier joins when it answers
             tier.mark_unavailable(e)
     return tier

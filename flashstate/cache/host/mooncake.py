@@ -48,7 +48,7 @@ from flashstate.cache.host.store import StoreTimeoutError, StoreUnavailableError
 
 logger = logging.getLogger("flashstate.host")
 _NO_ROOM, _NOT_FOUND, _EXISTS, _RPC_FAIL, _RPC_TIMEOUT = -200, -704, -705, -900, -901
-DEFAULT_TIMEOUT = 5.0  # seconds a caller waits for one store call
+DEFAULT_TIMEOUT = 2.0  # seconds a caller waits for one store call (a healthy one takes milliseconds)
 SETUP_TIMEOUT = 30.0  # joining the store: mounting the segment, the transfer engine's listeners
 WORKERS = 8  # above the tier's concurrent callers (engine, writer, 4 fetch threads): a full pool is a hang
 
@@ -152,8 +152,10 @@ class MooncakeStore:
     def _call(self, what: str, fn: Callable, *args: Any, timeout: float | None = None) -> Any:  # noqa: ANN401
         return self._workers.call(what, self.timeout if timeout is None else timeout, fn, *args)
 
-    def connect(self) -> None:
-        """Join the store; StoreUnavailableError (StoreTimeoutError past SETUP_TIMEOUT) if it cannot."""
+    def connect(self, wait: float | None = None) -> None:
+        """Join the store; StoreUnavailableError if it cannot, StoreTimeoutError if joining takes longer
+        than `wait` seconds (default SETUP_TIMEOUT; the set-up goes on, and a later connect or ping that finds
+        it done uses it)."""
         host, _, port = self.master.rpartition(":")
         try:  # the client's own set-up retries for a minute and more when nothing listens
             socket.create_connection((host, int(port)), timeout=min(2.0, self.timeout)).close()
@@ -165,7 +167,7 @@ class MooncakeStore:
                 threading.Thread(target=self._join, args=(self._joining,), daemon=True).start()
             joining = self._joining
         try:
-            rc = joining.result(max(SETUP_TIMEOUT, self.timeout))
+            rc = joining.result(max(SETUP_TIMEOUT, self.timeout) if wait is None else wait)
         except FutureTimeout:
             raise StoreTimeoutError(f"joining the Mooncake store at {self.master} hangs") from None
         if rc != 0:
