@@ -61,7 +61,7 @@ class EngineConfig:
     host_inline_fetch: bool = True
     # seconds any one host-store call may take (Mooncake): past it the store counts as down (an outage, probed
     # in the background), so a hung master stalls the engine thread at most this long once per outage
-    host_cache_timeout: float = 2.0
+    host_cache_timeout: float = 5.0
     # a file holding the deployment secret: every host object carries a MAC under it, and one that does not
     # verify is a miss (env FLASHSTATE_HOST_CACHE_SECRET when unset); without one, trust the store's network
     host_cache_secret_file: str | None = None

@@ -15,7 +15,7 @@ import pytest
 
 from tests.forge import Forger
 from tests.procnet import is_loopback, listening
-from tests.server.conftest import free_port, running_server
+from tests.server.conftest import _die_with_parent, free_port, running_server
 
 
 def test_serve_writes_back_to_mooncake_and_survives_the_master(tmp_path):
@@ -24,7 +24,7 @@ def test_serve_writes_back_to_mooncake_and_survives_the_master(tmp_path):
         master = subprocess.Popen(
             [sys.executable, "-m", "flashstate.cli", "mooncake-master", "--port", str(port),
              "--metrics-port", str(free_port())],
-            stdout=subprocess.PIPE, stderr=log, text=True,
+            stdout=subprocess.PIPE, stderr=log, text=True, preexec_fn=_die_with_parent,
         )  # fmt: skip
     try:
         line = master.stdout.readline()

@@ -48,7 +48,9 @@ from flashstate.cache.host.store import StoreTimeoutError, StoreUnavailableError
 
 logger = logging.getLogger("flashstate.host")
 _NO_ROOM, _NOT_FOUND, _EXISTS, _RPC_FAIL, _RPC_TIMEOUT = -200, -704, -705, -900, -901
-DEFAULT_TIMEOUT = 2.0  # seconds a caller waits for one store call (a healthy one takes milliseconds)
+# Seconds a caller waits for one store call. A healthy call takes milliseconds, but on a machine with 3x more
+# runnable threads than cores a put was seen past 2 s (a false outage empties the index): 5 s.
+DEFAULT_TIMEOUT = 5.0
 SETUP_TIMEOUT = 30.0  # joining the store: mounting the segment, the transfer engine's listeners
 WORKERS = 8  # above the tier's concurrent callers (engine, writer, 4 fetch threads): a full pool is a hang
 

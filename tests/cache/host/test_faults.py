@@ -201,7 +201,7 @@ def own_master(tmp_path):
 
 def test_a_hung_master_costs_one_deadline_then_nothing_until_it_answers_again(own_master):
     master = own_master[0]
-    store = _Counting(master.address, 32 << 20, timeout=1.0)
+    store = _Counting(master.address, 32 << 20, timeout=2.0)
     tier = make_tier(store, make_caches(), retry=0.05)
     tokens = _tokens(22, 0)
     tier.write_back(tokens, 22, _blocks(22), 0)
@@ -232,7 +232,7 @@ def test_a_hung_master_costs_one_deadline_then_nothing_until_it_answers_again(ow
 
 def test_a_master_down_at_start_is_joined_in_the_background(tmp_path):
     port = free_port()
-    store = MooncakeStore(f"127.0.0.1:{port}", 32 << 20, connect=False, timeout=1.0)
+    store = MooncakeStore(f"127.0.0.1:{port}", 32 << 20, connect=False, timeout=2.0)
     tier = make_tier(store, make_caches(), retry=0.05)
     try:
         store.connect()
@@ -255,7 +255,7 @@ def test_a_master_down_at_start_is_joined_in_the_background(tmp_path):
 def test_a_master_restarted_empty_is_a_miss_then_serves_again(own_master, tmp_path):
     master = own_master[0]
     port = int(master.address.rpartition(":")[2])
-    store = MooncakeStore(master.address, 32 << 20, timeout=1.0)
+    store = MooncakeStore(master.address, 32 << 20, timeout=2.0)
     tier = make_tier(store, make_caches(), retry=0.05)
     tokens = _tokens(22, 0)
     tier.write_back(tokens, 22, _blocks(22), 0)
@@ -333,3 +333,47 @@ def test_memory_store_faults_are_counted_the_same_way():
     assert tier.fetch(hit) is None and tier.stats.misses_forged == 1
     tier.close()
     assert CHUNK % BLOCK == 0
+
+
+def test_the_cli_master_dies_with_the_cli_whatever_ends_it():
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "flashstate.cli", "mooncake-master", "--port", str(free_port()),
+         "--metrics-port", str(free_port())],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        assert cli.stdout.readline().startswith("mooncake_master on 127.0.0.1:")
+        (master,) = _children(cli.pid)
+        cli.kill()  # no handler runs: only PR_SET_PDEATHSIG can end the master
+        cli.wait()
+        assert _wait(lambda: not _alive(master), 30), "mooncake_master outlived `flashstate mooncake-master`"
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            found += [int(c) for c in f.read().split()]
+    return found
+
+
+def test_the_secret_comes_from_the_file_else_the_environment(tmp_path, monkeypatch):
+    from flashstate.cache.host.build import SECRET_ENV, host_secret
+    from flashstate.config import EngineConfig
+
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    assert host_secret(EngineConfig()) is None
+    monkeypatch.setenv(SECRET_ENV, "from the environment")
+    assert host_secret(EngineConfig()) == b"from the environment"
+    path = tmp_path / "secret"
+    path.write_bytes(b"from the file\n")
+    assert host_secret(EngineConfig(host_cache_secret_file=str(path))) == b"from the file"
+    path.write_bytes(b"\n")
+    with pytest.raises(ValueError, match="empty"):
+        host_secret(EngineConfig(host_cache_secret_file=str(path)))
+    with pytest.raises(ValueError, match="host_cache_timeout"):
+        EngineConfig(host_cache_bytes=1 << 20, host_cache_timeout=0)
