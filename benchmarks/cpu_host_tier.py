@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cpu_policy_replay import make_agents, replay  # noqa: E402
 
 from flashstate import LLM, EngineConfig  # noqa: E402
-from flashstate.engine.cache_tensors import kv_bytes_per_block, state_bytes_per_slot  # noqa: E402
+from flashstate.cache.cache_tensors import kv_bytes_per_block, state_bytes_per_slot  # noqa: E402
 
 
 def run(config: EngineConfig, agents, max_tokens: int) -> dict:

@@ -19,7 +19,7 @@ import statistics
 from dataclasses import dataclass, field, replace
 
 from flashstate import LLM, EngineConfig, SamplingParams
-from flashstate.engine.cache_tensors import kv_bytes_per_block, state_bytes_per_slot
+from flashstate.cache.cache_tensors import kv_bytes_per_block, state_bytes_per_slot
 
 
 @dataclass(slots=True)

@@ -31,7 +31,7 @@ from flashstate.bench.config import ReplayConfig
 from flashstate.bench.cost import Prices
 from flashstate.bench.report import build_result
 from flashstate.bench.workloads import load_workload
-from flashstate.engine.cache_tensors import kv_bytes_per_block, state_bytes_per_slot
+from flashstate.cache.cache_tensors import kv_bytes_per_block, state_bytes_per_slot
 from flashstate.sim.command import engine_config, simulate
 from flashstate.sim.engine import model_spec
 from flashstate.sim.profile import load_profile

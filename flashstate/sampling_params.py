@@ -19,6 +19,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
+
 # Temperatures below this sample greedily (as in vLLM): dividing by them would overflow anyway.
 GREEDY_TEMPERATURE = 1e-5
 # A request's stop strings: how many, and how long each may be (every step scans the text for each).
@@ -120,3 +122,11 @@ def _normalise_stop_token_ids(ids: object) -> tuple[int, ...]:
     if len(ids) > MAX_STOP_TOKEN_IDS:
         raise ValueError(f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids, got {len(ids)}")
     return tuple(ids)
+
+
+def request_generator(params: SamplingParams, device: torch.device | str = "cpu") -> torch.Generator | None:
+    """The per-request random stream of a seeded request (layers/sampler.py draws from it); None for
+    unseeded ones."""
+    if params.seed is None:
+        return None
+    return torch.Generator(device=device).manual_seed(params.seed)

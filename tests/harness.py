@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from flashstate.engine.cache_tensors import CacheTensors
+from flashstate.cache.cache_tensors import CacheTensors
 from flashstate.layers.metadata import ForwardMetadata
 from flashstate.models.base import HybridForCausalLM
 

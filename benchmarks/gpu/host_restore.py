@@ -22,6 +22,8 @@ import time
 
 import torch
 
+from flashstate.models.hf_config import spec_from_hf
+
 
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -82,9 +84,8 @@ def main() -> None:
     preset = a.preset or ("qwen3-next-2b" if device.type == "cuda" else "tiny")
 
     from flashstate import LLM, SamplingParams
-    from flashstate.engine.cache_tensors import kv_bytes_per_block, state_bytes_per_slot
+    from flashstate.cache.cache_tensors import kv_bytes_per_block, state_bytes_per_slot
     from flashstate.models.presets import preset_dir
-    from flashstate.models.spec import ModelSpec
 
     result: dict[str, object] = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -95,7 +96,7 @@ def main() -> None:
     result.update(bandwidth(device, a.bandwidth_bytes if device.type == "cuda" else 64 << 20))
 
     model_dir = str(preset_dir(preset))
-    spec = ModelSpec.from_hf(model_dir)
+    spec = spec_from_hf(model_dir)
     dtype = spec.dtype if device.type == "cuda" else torch.float32
     block = 16
     n = a.tokens

@@ -37,7 +37,7 @@ from exactness import check_greedy_paths, check_oracle  # noqa: E402
 from smoke import ceilings  # noqa: E402
 
 from flashstate import LLM, SamplingParams  # noqa: E402
-from flashstate.engine.cache_tensors import kv_bytes_per_block, state_bytes_per_slot  # noqa: E402
+from flashstate.cache.cache_tensors import kv_bytes_per_block, state_bytes_per_slot  # noqa: E402
 from flashstate.layers.metadata import ForwardMetadata  # noqa: E402
 from flashstate.models.presets import preset_dir  # noqa: E402
 

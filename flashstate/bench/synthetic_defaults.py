@@ -8,8 +8,8 @@ the value is set by hand (#): sub-agents never wait on a user, and both observed
 the prompt and added 6861 and 13304 tokens.
 """
 
-from flashstate.bench.synthetic import AgentShape, SyntheticConfig
-from flashstate.bench.synthetic import Quantiles as Q
+from flashstate.bench.synthetic_config import AgentShape, SyntheticConfig
+from flashstate.bench.synthetic_config import Quantiles as Q
 
 # fmt: off
 MAIN = AgentShape(

@@ -37,13 +37,12 @@ from collections.abc import Callable
 from flashstate.cache.block_pool import BlockPool
 from flashstate.cache.host.restore import RestorePhase
 from flashstate.cache.host.tier import HostTier
-from flashstate.cache.integrity import check_manager
 from flashstate.cache.policy import Policy
 from flashstate.cache.state_pool import StatePool
 from flashstate.cache.stats import CacheStats
 from flashstate.cache.tree import Match, Node, RadixTree
 from flashstate.cache.vllm_pages import VllmPagePool
-from flashstate.engine.sequence import Sequence
+from flashstate.sequence import Sequence
 
 
 class CacheManager:
@@ -397,6 +396,66 @@ class CacheManager:
     # ---- invariants -----------------------------------------------------------------------------
 
     def check_integrity(self, live: list[Sequence]) -> None:
-        """Every block and slot is free or owned by exactly the nodes/sequences that reference it (see
-        cache/integrity.py)."""
-        check_manager(self, live)
+        """Every block and slot is free or owned by exactly the nodes/sequences that reference it; locks, node
+        shapes, the checkpoint count, the shared budget and the vLLM page pool agree with the owners."""
+        refs: dict[int, int] = {}
+        slots = list(self._inflight)
+        locks: dict[int, int] = {}
+        for seq in live:
+            r = seq.restore
+            if r is not None and (
+                seq.num_computed_tokens
+                or seq.cache_handle is not None
+                or r.blocks != seq.block_table
+                or len(r.blocks) != self.block_pool.blocks_for(r.depth)
+                or r.slot != seq.state_slot
+            ):
+                raise AssertionError(f"restoring request {seq.request_id} holds the wrong resources")
+            for b in seq.block_table:
+                refs[b] = refs.get(b, 0) + 1
+            if seq.state_slot is not None:
+                slots.append(seq.state_slot)
+            if seq.cache_handle is not None:
+                for n in seq.cache_handle.path():
+                    locks[id(n)] = locks.get(id(n), 0) + 1
+        count = 0
+        for node in self.tree.nodes():
+            for b in node.blocks:
+                refs[b] = refs.get(b, 0) + 1
+            if node.slot is not None:
+                slots.append(node.slot)
+                count += 1
+            bs = self.block_size
+            if len(node.blocks) != -(-node.end // bs) - node.start // bs or not node.tokens:
+                raise AssertionError(f"node [{node.start}, {node.end}) holds {len(node.blocks)} blocks")
+            if node.parent.parent is not None and node.start != node.parent.end:
+                raise AssertionError("a node does not start where its parent ends")
+            if node.parent.children.get(node.tokens[0]) is not node:
+                raise AssertionError("a node is not indexed under its first token")
+            if node.is_leaf and node.slot is None and node.lock == 0 and not self.policy.decode_kv:
+                raise AssertionError(f"leaf [{node.start}, {node.end}) holds no checkpoint")
+            if node.lock != locks.get(id(node), 0):
+                raise AssertionError(f"node lock {node.lock} != {locks.get(id(node), 0)} running handles")
+        if count != self.num_checkpoints or count > max(self.max_checkpoints, 0) + len(self._inflight):
+            raise AssertionError(
+                f"{count} checkpoints (counted {self.num_checkpoints}, max {self.max_checkpoints})"
+            )
+        self.block_pool.check_integrity(refs)
+        self.state_pool.check_integrity(slots)
+        if self.byte_budget is not None and self.enabled and self.charged_bytes > self.byte_budget:
+            raise AssertionError(f"{self.charged_bytes} bytes charged against a budget of {self.byte_budget}")
+        if self.pages is not None:
+            self._check_pages(live)
+
+    def _check_pages(self, live: list[Sequence]) -> None:
+        """The pool's own accounting holds, it holds pages for exactly the live sequences, and every tree
+        checkpoint is a state the pool holds."""
+        self.pages.check_integrity()
+        if set(self.pages.requests) != {seq.request_id for seq in live}:
+            raise AssertionError(f"pool requests {sorted(self.pages.requests)} != live sequences")
+        for node in self.tree.nodes():
+            salt = self.tree.salt_of(node)
+            if node.slot is not None and not self.pages.holds_state(
+                self.tree.path_tokens(node), node.end, salt
+            ):
+                raise AssertionError(f"checkpoint at {node.end} is not held by the vLLM page pool")

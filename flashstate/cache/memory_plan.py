@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
+from flashstate.cache.cache_tensors import kv_bytes_per_block, state_bytes_per_slot
 from flashstate.cache.policy import vllm_geometry
 from flashstate.cache.vllm_pages import VllmPagePool
 from flashstate.config import EngineConfig
-from flashstate.engine.cache_tensors import kv_bytes_per_block, state_bytes_per_slot
 from flashstate.models.spec import ModelSpec
 
 SGLANG_STATE_FRACTION = 0.25  # SGLang sizes its state pool apart from the KV pool

@@ -40,12 +40,12 @@ from dataclasses import dataclass
 
 import torch
 
+from flashstate.cache.cache_tensors import kv_bytes_per_block, state_bytes_per_slot
 from flashstate.cache.cost import PrefillCost
 from flashstate.cache.tree import Match, Node, RadixTree
 from flashstate.config import EngineConfig
-from flashstate.engine.cache_tensors import kv_bytes_per_block, state_bytes_per_slot
-from flashstate.engine.sequence import Sequence
 from flashstate.models.spec import ModelSpec
+from flashstate.sequence import Sequence
 
 
 @dataclass(slots=True)

@@ -1,6 +1,6 @@
 """StatePool: slots, each holding every linear layer's recurrent + conv state at one token position.
 
-Slot ids index the same row of every linear layer's state tensors (see engine/cache_tensors.py). A slot
+Slot ids index the same row of every linear layer's state tensors (see cache/cache_tensors.py). A slot
 is either free or owned by exactly one holder (a running sequence's working state, or a checkpoint).
 """
 

@@ -99,6 +99,12 @@ class RadixTree:
     def _stop(self, pos: int) -> int:
         return -(-pos // self.block_size)
 
+    def salt_of(self, node: Node) -> str | None:
+        """The cache salt of the root `node` hangs from."""
+        while node.parent is not None:
+            node = node.parent
+        return self._salts.get(id(node))
+
     def nodes(self) -> Iterator[Node]:
         stack = [child for root in self.roots.values() for child in root.children.values()]
         while stack:

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from flashstate.cache.cache_tensors import CacheTensors
 from flashstate.config import EngineConfig
 from flashstate.distributed.group import (
     TPGroup,
@@ -44,14 +45,13 @@ from flashstate.distributed.group import (
     rank_device,
     split_cpu_threads,
 )
-from flashstate.distributed.shard_plan import Shard, TensorParallelError, shard_spec
 from flashstate.distributed.worker import run_worker
-from flashstate.engine.cache_tensors import CacheTensors
 from flashstate.engine.decode_inputs import DecodeInputs
 from flashstate.layers.metadata import ForwardMetadata
 from flashstate.lifeline import in_lasting_thread
 from flashstate.models.base import HybridForCausalLM
-from flashstate.models.spec import ModelSpec
+from flashstate.models.hf_config import spec_from_hf
+from flashstate.models.shard_plan import Shard, TensorParallelError, shard_spec
 
 JOIN_SECONDS = 10.0
 DEATH_SECONDS = 2.0  # how long a failed step waits to learn whether a worker died
@@ -99,7 +99,7 @@ class MirroredCaches:
 class TensorParallelDriver:
     def __init__(self, config: EngineConfig, model_dir: str, device: torch.device):
         n = config.tensor_parallel_size
-        shard_spec(ModelSpec.from_hf(model_dir), n)  # a split that cannot work fails before any spawn
+        shard_spec(spec_from_hf(model_dir), n)  # a split that cannot work fails before any spawn
         if device.type == "cuda":
             base = device.index or 0
             if torch.cuda.device_count() < base + n:

@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from flashstate.distributed.shard_plan import reduce_points
 from flashstate.engine.decode_inputs import DecodeInputs
+from flashstate.models.shard_plan import reduce_points
 
 # A step longer than this (a huge prefill on CPU) would be a bug: the collectives give up.
 STEP_TIMEOUT = datetime.timedelta(hours=1)

@@ -35,8 +35,8 @@ from flashstate.distributed.group import (
     rank_device,
     split_cpu_threads,
 )
-from flashstate.distributed.shard_plan import Shard
 from flashstate.lifeline import die_with_parent
+from flashstate.models.shard_plan import Shard
 
 
 def run_worker(
@@ -69,9 +69,9 @@ def dump_stacks_when_stuck() -> None:
 
 
 def _serve(config: EngineConfig, model_dir: str, rank: int, port: int, conn: Connection) -> None:
+    from flashstate.cache.cache_tensors import CacheTensors
     from flashstate.cache.memory_plan import cache_budget
     from flashstate.device import resolve_device
-    from flashstate.engine.cache_tensors import CacheTensors
     from flashstate.engine.cuda_graph import DecodeGraphs
     from flashstate.engine.decode_inputs import DecodeInputs
     from flashstate.models.loader import load_model

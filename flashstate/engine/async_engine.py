@@ -202,9 +202,11 @@ class AsyncEngine:
             elif item.seq.request_id in self._streams:  # not aborted while in the inbox
                 try:
                     self.engine.add(item)
-                except ValueError as e:  # its id is still held by a request the engine has not let go
+                except Exception as e:  # noqa: BLE001 — refused before it was queued: its own failure
+                    # ValueError: its id is still held by a request the engine has not let go
+                    error = e if isinstance(e, ValueError) else RequestFailedError(f"not queued: {e}")
                     loop, queue = self._streams.pop(item.seq.request_id)
-                    loop.call_soon_threadsafe(queue.put_nowait, e)
+                    loop.call_soon_threadsafe(queue.put_nowait, error)
 
     def _loop(self) -> None:
         while not self._stopped:

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
+from flashstate.cache.cache_tensors import CacheTensors
 from flashstate.cache.cost import DEFAULT_COST, PrefillCost
-from flashstate.engine.cache_tensors import CacheTensors
 from flashstate.layers.metadata import ForwardMetadata
 from flashstate.models.base import HybridForCausalLM
 from flashstate.models.fingerprint import device_name, layout_fingerprint

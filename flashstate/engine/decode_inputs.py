@@ -25,8 +25,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from flashstate.engine.sequence import Sequence
 from flashstate.layers.metadata import ForwardMetadata
+from flashstate.sequence import Sequence
 
 _INPUT_IDS, _POSITIONS, _CONTEXT_LENS, _SLOT_MAPPING, _STATE_SLOTS = range(5)
 # Above this many grown rows one copy of the whole table beats one copy per row.

@@ -19,6 +19,7 @@ import time
 import torch
 
 from flashstate.cache.block_pool import BlockPool
+from flashstate.cache.cache_tensors import CacheTensors
 from flashstate.cache.cost import DEFAULT_COST, PrefillCost
 from flashstate.cache.host import build_host_tier
 from flashstate.cache.manager import CacheManager
@@ -27,19 +28,17 @@ from flashstate.cache.policy import build_policy
 from flashstate.cache.state_pool import StatePool
 from flashstate.config import EngineConfig
 from flashstate.device import resolve_device
-from flashstate.engine.cache_tensors import CacheTensors
 from flashstate.engine.calibration import load_or_calibrate, max_calibration_tokens
 from flashstate.engine.model_runner import InFlight, ModelRunner
 from flashstate.engine.outputs import RequestOutput
 from flashstate.engine.request_state import RequestState
 from flashstate.engine.scheduler import ScheduledBatch, Scheduler
-from flashstate.engine.sequence import Sequence, SequenceStatus
 from flashstate.engine.step_trace import StepTrace
-from flashstate.engine.warm_up import warm_up
 from flashstate.models.loader import load_model
 from flashstate.models.spec import DTYPES
 from flashstate.ops.compile_watch import CompileWatch
 from flashstate.sampling_params import SamplingParams
+from flashstate.sequence import Sequence, SequenceStatus
 from flashstate.tokenizer import Tokenizer
 
 logger = logging.getLogger("flashstate")
@@ -112,7 +111,7 @@ class LLMEngine:
         self.compiles = CompileWatch()  # kernels the warm-up missed, from its end on
         if self.device.type == "cuda":
             self._new_cache()
-            warm_up(self)
+            self.warm_up()
             self.compiles.install()
         self.host = build_host_tier(config, self.model, caches, self.cost)
         self._new_cache()
@@ -125,6 +124,25 @@ class LLMEngine:
                 self.host.capacity / (1 << 20),
                 self.host.layout.chunk_tokens,
             )
+
+    def warm_up(self) -> None:
+        """The GPU start-up warm-up: every serving path's kernels built before the first request.
+
+        A fresh prefill, a prefill over a cached prefix exporting a state, mixed and decode steps, at every
+        power-of-two step size up to the token budget: some kernels are tuned per size class (the short
+        conv), and a class first met while serving would stall that step for seconds. The caller then starts
+        a fresh cache, so nothing of this is served or counted."""
+        top = min(self.config.max_num_batched_tokens, self.max_model_len // 2)
+        # largest first: a kernel tuned per size class is tuned at the longest batch of the class
+        sizes = sorted({min(top, 1 << k) for k in range(1, top.bit_length() + 1)} - {1}, reverse=True)
+        params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+        for n in sizes:
+            first = [(7 * i + n) % (self.spec.vocab_size - 1) + 1 for i in range(n)]
+            for ids, marks in ((first, [n // 2]), (first + first[: n // 2], [n + n // 4])):
+                self.add_request(ids, params, checkpoint_positions=marks)
+                self.add_request(first[: max(1, n // 3)], params)  # a second sequence: mixed steps
+                while self.has_unfinished():
+                    self.step()
 
     def _new_cache(self) -> None:
         """A fresh prefix cache (empty tree, free pools, zero counters) and scheduler over the runner's

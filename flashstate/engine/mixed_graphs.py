@@ -22,13 +22,14 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
+from flashstate.cache.cache_tensors import CacheTensors
 from flashstate.device import upload
-from flashstate.engine.cache_tensors import CacheTensors
 from flashstate.engine.cuda_graph import capture_sizes
 from flashstate.engine.scheduler import ScheduledBatch
-from flashstate.layers.metadata import FLA_CHUNK, ForwardMetadata
+from flashstate.layers.metadata import ForwardMetadata
 from flashstate.models.base import HybridForCausalLM
 from flashstate.ops.fla_cache import fla_tensor_cache_off
+from flashstate.ops.varlen import FLA_CHUNK
 
 PREFILL_SIZES = (64, 128, 256, 512, 1024, 2048)  # multiples of FLA_CHUNK: a bucket's chunk count is fixed
 MAX_CHUNKS = 3  # prefill chunks in one bucket

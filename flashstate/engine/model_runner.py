@@ -10,16 +10,16 @@ from typing import Protocol
 
 import torch
 
+from flashstate.cache.cache_tensors import CacheTensors
 from flashstate.device import upload
-from flashstate.engine.cache_tensors import CacheTensors
 from flashstate.engine.cuda_graph import DecodeGraphs
 from flashstate.engine.decode_inputs import DecodeInputs
 from flashstate.engine.mixed_graphs import MAX_CHUNKS, MixedGraphs
 from flashstate.engine.scheduler import ScheduledBatch
-from flashstate.engine.sequence import Sequence
 from flashstate.layers.metadata import ForwardMetadata
 from flashstate.layers.sampler import Sampler, SamplingBatch
 from flashstate.models.base import HybridForCausalLM
+from flashstate.sequence import Sequence
 
 logger = logging.getLogger(__name__)
 

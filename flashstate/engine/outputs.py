@@ -7,8 +7,8 @@ stop strings made the engine detokenise in the step loop).
 
 from __future__ import annotations
 
-from flashstate.engine.sequence import RequestStats
 from flashstate.engine.text_stream import TextStream
+from flashstate.sequence import RequestStats
 
 
 class RequestOutput:

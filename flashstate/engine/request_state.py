@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from flashstate.engine.sequence import Sequence
 from flashstate.engine.stop_checker import Finish, StopChecker
 from flashstate.engine.text_stream import TextStream
+from flashstate.sequence import Sequence
 
 
 @dataclass(slots=True)

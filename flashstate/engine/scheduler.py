@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from flashstate.cache.host.restore import wait_any
 from flashstate.cache.manager import CacheManager
 from flashstate.config import EngineConfig
-from flashstate.engine.sequence import Sequence, SequenceStatus
+from flashstate.sequence import Sequence, SequenceStatus
 
 
 def prefill_order(config: EngineConfig) -> str:

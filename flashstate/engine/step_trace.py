@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING, TextIO
 
 from flashstate.engine.scheduler import ScheduledBatch, Scheduler
-from flashstate.engine.sequence import Sequence
+from flashstate.sequence import Sequence
 
 if TYPE_CHECKING:
     from flashstate.cache.host.tier import HostTier

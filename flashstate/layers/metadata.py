@@ -32,8 +32,7 @@ import torch
 from torch import Tensor
 
 from flashstate.device import upload
-
-FLA_CHUNK = 64  # the chunk length of flash-linear-attention's chunked passes
+from flashstate.ops.varlen import FLA_CHUNK
 
 
 @dataclass(slots=True)

@@ -13,7 +13,7 @@ A seeded row draws its own E ([V] values per step) from its own torch.Generator,
 only on its logits and its generator: the same whatever other requests share the batch.
 
 The generator belongs to the request (the engine's Sequence keeps it across steps, so successive steps
-continue one stream); make it with `request_generator(params, device)`, i.e.
+continue one stream); make it with `sampling_params.request_generator(params, device)`, i.e.
 `torch.Generator(device).manual_seed(seed)`. A generator on another device than the logits also works
 (the draw is copied over), at the cost of a transfer.
 """
@@ -28,13 +28,6 @@ from torch import Tensor, nn
 
 from flashstate.device import upload
 from flashstate.sampling_params import SamplingParams
-
-
-def request_generator(params: SamplingParams, device: torch.device | str = "cpu") -> torch.Generator | None:
-    """The per-request random stream of a seeded request; None for unseeded ones."""
-    if params.seed is None:
-        return None
-    return torch.Generator(device=device).manual_seed(params.seed)
 
 
 @dataclass(frozen=True, slots=True)

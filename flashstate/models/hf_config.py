@@ -1,17 +1,23 @@
-"""HF config.json → ModelSpec, one parser per family: the only code that knows HF's config names."""
+"""HF config.json → ModelSpec (`spec_from_hf`), one parser per family: the only code that knows HF's config
+names."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import torch
 
+from flashstate.layers.router import MoeSpec
 from flashstate.models.spec import (
     DTYPES,
+    SUPPORTED_ARCHITECTURES,
     AttentionSpec,
     LayerSpec,
     LinearSpec,
     MlpSpec,
     ModelSpec,
-    MoeSpec,
     UnsupportedModelError,
 )
 
@@ -296,3 +302,22 @@ PARSERS = {
     "NemotronHForCausalLM": _nemotron_h,
     "KimiLinearForCausalLM": _kimi_linear,
 }
+
+
+def spec_from_hf(config: dict[str, Any] | str | Path) -> ModelSpec:
+    """The ModelSpec of an HF `config.json` (a path, a directory holding one, or the parsed dict)."""
+    if not isinstance(config, dict):
+        path = Path(config)
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"no config.json at {path}")
+        config = json.loads(path.read_text())
+    archs = config.get("architectures") or []
+    arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+    if arch is None:
+        raise UnsupportedModelError(
+            f"unsupported architecture {archs or config.get('model_type')!r}; "
+            f"flashstate supports {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    return PARSERS[arch](config)

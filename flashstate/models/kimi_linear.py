@@ -27,9 +27,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from flashstate.layers.metadata import ForwardMetadata
-from flashstate.layers.router import GroupedTopkRouter
+from flashstate.layers.router import GroupedTopkRouter, MoeSpec
 from flashstate.models.base import AttentionMixer, HybridForCausalLM, LinearMixer
-from flashstate.models.spec import AttentionSpec, LinearSpec, ModelSpec, MoeSpec
+from flashstate.models.spec import AttentionSpec, LinearSpec, ModelSpec
 from flashstate.ops.attention import long_spans, paged_attention, span_attention, store_kv
 from flashstate.ops.kda import chunk_kda, fused_recurrent_kda
 from flashstate.ops.short_conv import causal_conv1d

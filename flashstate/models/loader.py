@@ -12,10 +12,10 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from flashstate.distributed.shard_plan import Shard, ShardPlan, shard_spec
 from flashstate.models.base import HybridForCausalLM
+from flashstate.models.hf_config import spec_from_hf
 from flashstate.models.registry import build_model
-from flashstate.models.spec import ModelSpec
+from flashstate.models.shard_plan import Shard, ShardPlan, shard_spec
 
 
 class CheckpointError(ValueError):
@@ -96,7 +96,7 @@ def load_model(
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"model directory {path} does not exist")
-    spec = ModelSpec.from_hf(path)
+    spec = spec_from_hf(path)
     files = checkpoint_files(path)
     plan = None
     if shard is not None and shard.world_size > 1:

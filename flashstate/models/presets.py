@@ -40,6 +40,7 @@ from flashstate.default_tokenizer import (
     build_default_tokenizer,
     write_default_tokenizer,
 )
+from flashstate.models.hf_config import spec_from_hf
 from flashstate.models.registry import build_model
 from flashstate.models.spec import ModelSpec
 
@@ -336,7 +337,7 @@ def materialize_config(config: dict, directory: str | Path, seed: int = 0) -> Pa
     """`materialize` for any supported config dict."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    weights = random_weights(ModelSpec.from_hf(config), seed)
+    weights = random_weights(spec_from_hf(config), seed)
     write_default_tokenizer(directory)
     save_file(weights, str(directory / "model.safetensors"), metadata={"format": "pt"})
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -385,7 +386,7 @@ def default_model_dir() -> Path:
 
 def _fingerprint(config: dict, seed: int) -> str:
     with torch.device("meta"):
-        model = build_model(ModelSpec.from_hf(config))
+        model = build_model(spec_from_hf(config))
     layout = sorted((k, list(v.shape)) for k, v in model.state_dict().items())
     tokenizer = hashlib.sha256(build_default_tokenizer().to_str().encode()).hexdigest()
     key = json.dumps([_FORMAT_VERSION, config, seed, layout, tokenizer], sort_keys=True)

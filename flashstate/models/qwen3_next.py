@@ -15,9 +15,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from flashstate.layers.metadata import ForwardMetadata
+from flashstate.layers.router import MoeSpec
 from flashstate.layers.stacked_linear import StackedLinears
 from flashstate.models.base import AttentionMixer, HybridForCausalLM, LinearMixer
-from flashstate.models.spec import AttentionSpec, LinearSpec, ModelSpec, MoeSpec, UnsupportedModelError
+from flashstate.models.spec import AttentionSpec, LinearSpec, ModelSpec, UnsupportedModelError
 from flashstate.ops.activation import sigmoid_mul, silu_mul
 from flashstate.ops.attention import paged_attention
 from flashstate.ops.backend import dense_on_cpu, gpu_kernels

@@ -1,7 +1,7 @@
 """ModelSpec: a frozen, normalised description of a hybrid model.
 
-`ModelSpec.from_hf(config)` (its parsers live in hf_config.py) is the one place HF config names are
-read. Everything downstream (models, pools, cost model, presets) reads the spec, never the raw config.
+`hf_config.spec_from_hf(config)` is the one place HF config names are read. Everything downstream (models,
+pools, cost model, presets) reads the spec, never the raw config.
 
 A layer is a `LayerSpec(mixer, ffn)`:
     mixer ∈ {"attention", "linear", None}   token mixing (None: Nemotron-H MLP/MoE-only layers)
@@ -10,12 +10,12 @@ A layer is a `LayerSpec(mixer, ffn)`:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
+
+from flashstate.layers.router import MoeSpec
 
 SUPPORTED_ARCHITECTURES = ("Qwen3NextForCausalLM", "NemotronHForCausalLM", "KimiLinearForCausalLM")
 
@@ -117,24 +117,6 @@ class MlpSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class MoeSpec:
-    num_experts: int
-    top_k: int
-    intermediate_size: int
-    shared_intermediate_size: int  # 0: no shared expert
-    num_shared_experts: int
-    norm_topk_prob: bool
-    act: str
-    scoring: Literal["softmax", "sigmoid"] = "softmax"
-    routed_scaling_factor: float = 1.0
-    n_group: int = 1
-    topk_group: int = 1
-    shared_expert_gate: bool = False  # Qwen3-Next: sigmoid gate on the shared expert
-    correction_bias: bool = False  # e_score_correction_bias (DeepSeek-style routers)
-    latent_size: int | None = None  # Nemotron-H: routed experts run in a projected latent space
-
-
-@dataclass(frozen=True, slots=True)
 class ModelSpec:
     architecture: str
     vocab_size: int
@@ -169,24 +151,3 @@ class ModelSpec:
     def cuda_graph_safe(self) -> bool:
         """The decode forward never waits on the device (the MoE routers look up the selected experts)."""
         return all(layer.ffn != "moe" for layer in self.layers)
-
-    @classmethod
-    def from_hf(cls, config: dict[str, Any] | str | Path) -> ModelSpec:
-        """Build from an HF `config.json` (a path, a directory holding one, or the parsed dict)."""
-        if not isinstance(config, dict):
-            path = Path(config)
-            if path.is_dir():
-                path = path / "config.json"
-            if not path.is_file():
-                raise FileNotFoundError(f"no config.json at {path}")
-            config = json.loads(path.read_text())
-        archs = config.get("architectures") or []
-        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
-        if arch is None:
-            raise UnsupportedModelError(
-                f"unsupported architecture {archs or config.get('model_type')!r}; "
-                f"flashstate supports {', '.join(SUPPORTED_ARCHITECTURES)}"
-            )
-        from flashstate.models import hf_config
-
-        return hf_config.PARSERS[arch](config)

@@ -30,10 +30,11 @@ from flashstate.cache.state_pool import StatePool
 from flashstate.config import EngineConfig
 from flashstate.engine.mixed_graphs import MixedBuckets
 from flashstate.engine.scheduler import ScheduledBatch, Scheduler
-from flashstate.engine.sequence import RequestStats, Sequence
 from flashstate.engine.step_trace import request_row, step_shape
+from flashstate.models.hf_config import spec_from_hf
 from flashstate.models.spec import DTYPES, ModelSpec
 from flashstate.sampling_params import SamplingParams
+from flashstate.sequence import RequestStats, Sequence
 from flashstate.sim.host import SimHostTier
 from flashstate.sim.profile import DecodeModel
 
@@ -42,7 +43,7 @@ def model_spec(model: str) -> ModelSpec:
     """A preset name or an HF-format model directory."""
     from flashstate.models.presets import PRESETS, preset_config
 
-    return ModelSpec.from_hf(preset_config(model) if model in PRESETS else model)
+    return spec_from_hf(preset_config(model) if model in PRESETS else model)
 
 
 @dataclass(slots=True)

@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from flashstate.cache.cache_tensors import kv_bytes_per_block, state_bytes_per_slot
 from flashstate.cache.cost import PrefillCost
 from flashstate.cache.host.build import chunk_tokens
 from flashstate.cache.host.index import HostHit, HostIndex
 from flashstate.cache.host.layout import HostLayout
 from flashstate.cache.host.restore import RestorePhase
-from flashstate.engine.cache_tensors import kv_bytes_per_block, state_bytes_per_slot
 from flashstate.models.spec import ModelSpec
 
 RESTORE_BYTES_PER_S = 3.5e9

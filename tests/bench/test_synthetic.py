@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from flashstate.bench.prompts import common_prefix
-from flashstate.bench.synthetic import PROBS, Quantiles, fit, generate, observe, session_stream
+from flashstate.bench.synthetic import fit, generate, observe, session_stream
+from flashstate.bench.synthetic_config import PROBS, Quantiles
 from flashstate.bench.synthetic_defaults import DEFAULT
 
 

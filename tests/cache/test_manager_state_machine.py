@@ -15,8 +15,8 @@ from flashstate.cache.manager import CacheManager
 from flashstate.cache.policy import Policy
 from flashstate.cache.state_pool import StatePool
 from flashstate.cache.vllm_pages import VllmPagePool
-from flashstate.engine.sequence import Sequence
 from flashstate.sampling_params import SamplingParams
+from flashstate.sequence import Sequence
 
 BLOCK = 4
 PARAMS = SamplingParams(max_tokens=4)

@@ -5,6 +5,7 @@ import torch
 
 from flashstate.cache.memory_plan import plan_cache
 from flashstate.config import EngineConfig
+from flashstate.models.hf_config import spec_from_hf
 from flashstate.models.spec import ModelSpec
 
 BUDGET = 256 << 20
@@ -12,7 +13,7 @@ BUDGET = 256 << 20
 
 @pytest.fixture(scope="module")
 def spec(tiny_model_dir) -> ModelSpec:
-    return ModelSpec.from_hf(Path(tiny_model_dir) / "config.json")
+    return spec_from_hf(Path(tiny_model_dir) / "config.json")
 
 
 def _plan(spec, budget=BUDGET, physical_limit=False, **kw):

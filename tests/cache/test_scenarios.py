@@ -8,7 +8,7 @@ from flashstate.cache.cost import PrefillCost
 from flashstate.cache.manager import CacheManager
 from flashstate.cache.policy import Policy
 from flashstate.cache.state_pool import StatePool
-from flashstate.engine.sequence import Sequence
+from flashstate.sequence import Sequence
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 

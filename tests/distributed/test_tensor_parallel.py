@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from flashstate import LLM, SamplingParams
-from flashstate.distributed.shard_plan import TensorParallelError
 from flashstate.engine.llm_engine import MAX_FAILED_STEPS_IN_A_ROW
 from flashstate.models.presets import preset_dir
+from flashstate.models.shard_plan import TensorParallelError
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 ENGINE = dict(block_size=4, max_num_batched_tokens=16, prefill_cost_coefficients=(1e-5, 1e-8), max_num_seqs=8)

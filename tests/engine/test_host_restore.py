@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from flashstate import LLM, SamplingParams
-from flashstate.engine.sequence import SequenceStatus
+from flashstate.sequence import SequenceStatus
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 # an explicit budget: on a GPU the automatic one would give the first engine of the module 90% of it;

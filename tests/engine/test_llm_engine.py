@@ -5,9 +5,9 @@ import random
 import pytest
 
 from flashstate import LLM, SamplingParams
-from flashstate.engine.cache_tensors import kv_bytes_per_block, state_bytes_per_slot
+from flashstate.cache.cache_tensors import kv_bytes_per_block, state_bytes_per_slot
 from flashstate.engine.scheduler import RequestTooLargeError
-from flashstate.models.spec import ModelSpec
+from flashstate.models.hf_config import spec_from_hf
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
@@ -18,7 +18,7 @@ def _prompts(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
 
 
 def _budget(model_dir: str, max_num_seqs: int, num_blocks: int, block_size: int) -> int:
-    spec = ModelSpec.from_hf(model_dir)
+    spec = spec_from_hf(model_dir)
     import torch
 
     return max_num_seqs * state_bytes_per_slot(spec, torch.float32) + num_blocks * kv_bytes_per_block(

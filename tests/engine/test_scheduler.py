@@ -7,8 +7,8 @@ from flashstate.cache.manager import CacheManager
 from flashstate.cache.state_pool import StatePool
 from flashstate.config import EngineConfig
 from flashstate.engine.scheduler import RequestTooLargeError, Scheduler, prefill_order
-from flashstate.engine.sequence import Sequence
 from flashstate.sampling_params import SamplingParams
+from flashstate.sequence import Sequence
 
 
 def _scheduler(

@@ -1,9 +1,8 @@
-"""The GPU start-up warm-up (flashstate/engine/warm_up.py), run here on the CPU."""
+"""The GPU start-up warm-up (LLMEngine.warm_up), run here on the CPU."""
 
 import pytest
 
 from flashstate import LLM
-from flashstate.engine.warm_up import warm_up
 from tests.engine.test_llm_engine import GREEDY, _prompts
 
 
@@ -24,7 +23,7 @@ def test_a_warm_up_leaves_nothing_behind(tiny_model_dir, alone, policy):
     engine = llm.engine
     steps, run = [], engine.runner.run
     engine.runner.run = lambda batch: steps.append(sum(batch.num_tokens)) or run(batch)
-    warm_up(engine)
+    engine.warm_up()
     engine.runner.run = run
     assert {t.bit_length() - 1 for t in steps} == set(range(1, 11))  # 2-3, 4-7, ..., 1024: every bucket
     assert engine.cache.stats.queries == 10 * 4  # it did run requests through the cache (4 per size)...

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from flashstate.layers.metadata import FLA_CHUNK, ForwardMetadata
+from flashstate.layers.metadata import ForwardMetadata
+from flashstate.ops.varlen import FLA_CHUNK
 
 
 def test_positions_and_slots_follow_block_tables():

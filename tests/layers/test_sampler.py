@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from flashstate.layers.sampler import Sampler, SamplingBatch, filter_logits, request_generator
-from flashstate.sampling_params import SamplingParams
+from flashstate.layers.sampler import Sampler, SamplingBatch, filter_logits
+from flashstate.sampling_params import SamplingParams, request_generator
 
 
 def batch_of(*params: SamplingParams) -> SamplingBatch:

@@ -6,9 +6,9 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
+from flashstate.models.hf_config import spec_from_hf
 from flashstate.models.kimi_linear import KimiLinearForCausalLM, MultiLatentAttention
 from flashstate.models.loader import load_model
-from flashstate.models.spec import ModelSpec
 from tests.harness import PagedHarness, assert_padding_is_inert, rel_err
 
 VOCAB = 96
@@ -76,7 +76,7 @@ def _full(model, seqs):
 
 def test_spec_and_names_follow_the_hf_checkpoint(models):
     _, ours, path = models
-    spec = ModelSpec.from_hf(path)
+    spec = spec_from_hf(path)
     assert spec.attention_layer_ids == [1, 4] and spec.linear_layer_ids == [0, 2, 3]
     assert [layer.ffn for layer in spec.layers] == ["mlp", "moe", "moe", "moe", "moe"]
     assert spec.linear.conv_channels == 3 * 2 * 8 and spec.attention.head_dim == 12

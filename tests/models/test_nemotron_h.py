@@ -4,9 +4,9 @@ import pytest
 import torch
 import transformers
 
+from flashstate.models.hf_config import spec_from_hf
 from flashstate.models.loader import load_model
 from flashstate.models.nemotron_h import NemotronHForCausalLM
-from flashstate.models.spec import ModelSpec
 from tests.harness import PagedHarness, assert_padding_is_inert, rel_err
 
 VOCAB = 96
@@ -87,7 +87,7 @@ def test_spec_reads_the_hf_config(models):
     assert spec.linear.conv_channels == 8 * 4 + 2 * 2 * 6
     assert spec.linear.time_step_limit == (0.05, math.inf)
     assert spec.moe.latent_size == hf.config.moe_latent_size
-    assert spec == ModelSpec.from_hf(hf.config.to_dict() | {"architectures": ["NemotronHForCausalLM"]})
+    assert spec == spec_from_hf(hf.config.to_dict() | {"architectures": ["NemotronHForCausalLM"]})
 
 
 @torch.no_grad()

@@ -10,6 +10,7 @@ from safetensors.torch import load_file
 
 from flashstate.default_tokenizer import DEFAULT_VOCAB_SIZE, IM_END_ID
 from flashstate.models import presets
+from flashstate.models.hf_config import spec_from_hf
 from flashstate.models.loader import load_model
 from flashstate.models.param_count import count_parameters
 from flashstate.models.presets import (
@@ -22,7 +23,6 @@ from flashstate.models.presets import (
     random_weights,
 )
 from flashstate.models.registry import build_model
-from flashstate.models.spec import ModelSpec
 from flashstate.tokenizer import Tokenizer
 from tests.harness import PagedHarness, rel_err
 
@@ -89,7 +89,7 @@ def test_list_and_unknown():
 @pytest.mark.parametrize("name", TINY + BENCH)
 def test_presets_parse(name):
     config = preset_config(name)
-    spec = ModelSpec.from_hf(config)
+    spec = spec_from_hf(config)
     assert config["architectures"] == [spec.architecture] and config["model_type"]
     assert spec.dtype == (torch.float32 if name in TINY else torch.bfloat16)
     assert spec.eos_token_ids == (IM_END_ID,)
@@ -119,7 +119,7 @@ COUNTS = {
 
 @pytest.mark.parametrize("name", TINY + BENCH)
 def test_parameter_counts(name):
-    spec = ModelSpec.from_hf(preset_config(name))
+    spec = spec_from_hf(preset_config(name))
     assert (count_parameters(spec), count_parameters(spec, embeddings=False)) == COUNTS[name]
     if name in BENCH:
         assert 1.6e9 <= count_parameters(spec) <= 2.6e9
@@ -136,12 +136,12 @@ def test_parameter_count_matches_transformers(name):
         assert got == value or list(got) == value, key
     with torch.device("meta"):
         hf = transformers.AutoModelForCausalLM.from_config(hf_config)
-    assert count_parameters(ModelSpec.from_hf(config)) == sum(p.numel() for p in hf.parameters())
+    assert count_parameters(spec_from_hf(config)) == sum(p.numel() for p in hf.parameters())
 
 
 @pytest.mark.parametrize("name", TINY + BENCH + list(VARIANTS))
 def test_parameter_count_matches_our_models(name):
-    spec = ModelSpec.from_hf(_variant(name) if name in VARIANTS else preset_config(name))
+    spec = spec_from_hf(_variant(name) if name in VARIANTS else preset_config(name))
     with torch.device("meta"):
         model = build_model(spec)
     assert count_parameters(spec) == sum(p.numel() for p in model.parameters())
@@ -150,7 +150,7 @@ def test_parameter_count_matches_our_models(name):
 
 
 def test_random_weights_are_deterministic_and_follow_hf_init():
-    spec = ModelSpec.from_hf(preset_config("tiny"))
+    spec = spec_from_hf(preset_config("tiny"))
     a, b, c = random_weights(spec, 0), random_weights(spec, 0), random_weights(spec, 1)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert not torch.equal(a["model.embed_tokens.weight"], c["model.embed_tokens.weight"])
@@ -164,7 +164,7 @@ def test_random_weights_are_deterministic_and_follow_hf_init():
 
 
 def test_random_weights_mamba2_and_kda_init():
-    nem = random_weights(ModelSpec.from_hf(preset_config("tiny-nemotron-h")), 0)
+    nem = random_weights(spec_from_hf(preset_config("tiny-nemotron-h")), 0)
     heads = preset_config("tiny-nemotron-h")["mamba_num_heads"]
     mixer = "backbone.layers.0.mixer."
     assert torch.allclose(nem[mixer + "A_log"].exp(), torch.arange(1.0, heads + 1))
@@ -172,7 +172,7 @@ def test_random_weights_mamba2_and_kda_init():
     dt = torch.nn.functional.softplus(nem[mixer + "dt_bias"])
     assert ((dt > 0.99e-3) & (dt < 0.101)).all()
     assert (nem[mixer + "norm.weight"] == 1).all() and (nem["backbone.norm_f.weight"] == 1).all()
-    kimi = random_weights(ModelSpec.from_hf(preset_config("tiny-kimi-linear")), 0)
+    kimi = random_weights(spec_from_hf(preset_config("tiny-kimi-linear")), 0)
     dt_bias = [v for k, v in kimi.items() if k.endswith("dt_bias")][0]
     assert (
         (torch.nn.functional.softplus(dt_bias) > 0.99e-3) & (torch.nn.functional.softplus(dt_bias) < 0.101)
@@ -267,5 +267,5 @@ def test_default_model_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("FLASHSTATE_HOME", str(tmp_path))
     path = default_model_dir()
     assert path.name.startswith(presets.DEFAULT_PRESET + "-")
-    assert ModelSpec.from_hf(path).architecture == "Qwen3NextForCausalLM"
+    assert spec_from_hf(path).architecture == "Qwen3NextForCausalLM"
     assert Tokenizer.from_dir(path).vocab_size == DEFAULT_VOCAB_SIZE

@@ -6,6 +6,7 @@ import os
 
 import torch
 
+from flashstate.cache.cache_tensors import CacheTensors
 from flashstate.cache.cost import PrefillCost
 from flashstate.cache.host.arena import HostArena
 from flashstate.cache.host.codec import object_size
@@ -14,7 +15,6 @@ from flashstate.cache.host.store import HostStore, MemoryStore, StoreUnavailable
 from flashstate.cache.host.tier import HostTier
 from flashstate.cache.host.transfer import StateTransfer
 from flashstate.config import EngineConfig
-from flashstate.engine.cache_tensors import CacheTensors
 
 DEFAULT_HOST_CACHE_BYTES = 4 << 30
 # The Mooncake master starts evicting at 90% of the pool; the tier keeps below that.

@@ -18,13 +18,24 @@ import enum
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import torch
 
     from flashstate.cache.host.index import HostHit
-    from flashstate.cache.host.tier import HostTier
+
+
+class RestoringTier(Protocol):
+    """What a restore needs of the tier that started it (HostTier)."""
+
+    landing: Landing
+
+    def unpin(self, hit: HostHit) -> None: ...
+
+    def load(
+        self, hit: HostHit, objects: list[list[torch.Tensor]], blocks: list[int], slot: int, first_chunk: int
+    ) -> torch.cuda.Event | None: ...
 
 
 class RestorePhase(enum.Enum):
@@ -35,7 +46,7 @@ class RestorePhase(enum.Enum):
 
 @dataclass(eq=False, slots=True)
 class HostRestore:
-    tier: HostTier
+    tier: RestoringTier
     hit: HostHit
     first_chunk: int  # chunks [0, first_chunk) are shared from the GPU tree, not fetched
     kv_depth: int  # how far the prompt follows cached KV (GPU tree or host state): for the export plan

@@ -1,4 +1,4 @@
-"""Copies between the device cache tensors (engine/cache_tensors.py) and host-tier object tensors.
+"""Copies between the device cache tensors (cache/cache_tensors.py) and host-tier object tensors.
 
     chunk object:  per attention layer  k [C, kv_heads, head_dim], v [C, kv_heads, v_head_dim] (no v
                                         when it is a view into k: MLA's latent)
@@ -18,9 +18,9 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from flashstate.cache.cache_tensors import CacheTensors, kv_tensors
 from flashstate.cache.host.codec import nbytes
 from flashstate.device import upload
-from flashstate.engine.cache_tensors import CacheTensors, kv_tensors
 
 Spec = tuple[torch.dtype, tuple[int, ...]]
 Layout = tuple[int, torch.dtype, tuple[int, ...]]  # a tensor's byte offset in its object, dtype, shape

@@ -3,12 +3,12 @@ import uuid
 import pytest
 import torch
 
+from flashstate.cache.cache_tensors import CacheTensors
 from flashstate.cache.cost import PrefillCost
 from flashstate.cache.host.layout import HostLayout
 from flashstate.cache.host.store import MemoryStore
 from flashstate.cache.host.tier import HostTier
 from flashstate.cache.host.transfer import StateTransfer
-from flashstate.engine.cache_tensors import CacheTensors
 
 BLOCK = 4
 CHUNK = 8

@@ -7,8 +7,8 @@ import random
 
 import torch
 
+from flashstate.cache.cache_tensors import CacheTensors
 from flashstate.cache.host.store import MemoryStore
-from flashstate.engine.cache_tensors import CacheTensors
 from tests.cache.host.conftest import BLOCK, make_tier
 from tests.cache.host.test_index import assert_consistent
 

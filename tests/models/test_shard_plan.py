@@ -11,13 +11,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from flashstate.cache.cache_tensors import CacheTensors
 from flashstate.distributed.group import attach_reduce, rank_device
-from flashstate.distributed.shard_plan import Shard, TensorParallelError, shard_spec
-from flashstate.engine.cache_tensors import CacheTensors
 from flashstate.layers.metadata import ForwardMetadata
+from flashstate.models.hf_config import spec_from_hf
 from flashstate.models.loader import load_model
 from flashstate.models.presets import materialize_config, preset_config
-from flashstate.models.spec import ModelSpec
+from flashstate.models.shard_plan import Shard, TensorParallelError, shard_spec
 
 BLOCK = 4
 
@@ -142,7 +142,7 @@ def test_two_ranks_sum_to_the_full_model(tmp_path, name):
 
 
 def test_rank_spec_and_errors():
-    spec = ModelSpec.from_hf(preset_config("tiny"))
+    spec = spec_from_hf(preset_config("tiny"))
     half = shard_spec(spec, 2)
     assert (half.attention.num_heads, half.attention.num_kv_heads) == (2, 1)
     assert half.linear.conv_channels * 2 == spec.linear.conv_channels
@@ -151,7 +151,7 @@ def test_rank_spec_and_errors():
         shard_spec(spec, 3)
     with pytest.raises(TensorParallelError, match="attention key/value heads"):
         shard_spec(spec, 4)
-    nemo = ModelSpec.from_hf(preset_config("tiny-nemotron-h") | {"num_key_value_heads": 4})  # 2 groups
+    nemo = spec_from_hf(preset_config("tiny-nemotron-h") | {"num_key_value_heads": 4})  # 2 groups
     with pytest.raises(TensorParallelError, match="mamba2 groups"):
         shard_spec(nemo, 4)
 

@@ -1,4 +1,5 @@
-"""Sequence: one request's tokens and the cache resources it owns.
+"""Sequence: one request's tokens and the cache resources it owns (a shared type: the engine, the cache and
+the simulator all hold it, so it sits below them).
 
     | < prompt: num_prompt_tokens > | < generated > |
     | < computed: KV + state exist: num_computed_tokens > | < to compute > |
@@ -10,15 +11,10 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
-from flashstate.layers.sampler import request_generator
-from flashstate.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from flashstate.cache.host.restore import HostRestore
+from flashstate.sampling_params import SamplingParams, request_generator
 
 
 class SequenceStatus(enum.Enum):
@@ -58,7 +54,9 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     state_slot: int | None = None
     cache_handle: object | None = None  # the prefix cache's lock on the matched path
-    restore: HostRestore | None = None  # a host-tier restore in flight (status RESTORING)
+    # a host-tier restore in flight (status RESTORING): a cache.host.restore.HostRestore, which this
+    # module, below the cache, does not import
+    restore: object | None = None
     host_chain: list[bytes] = field(default_factory=list)  # host-tier chunk hashes of token_ids so far
     cache_salt: str | None = None  # prefix-cache hits only between requests of the same salt (vLLM's)
     status: SequenceStatus = SequenceStatus.WAITING
