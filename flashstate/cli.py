@@ -125,7 +125,13 @@ def _mooncake_master(host: str, port: int, metrics_port: int) -> int:
     import signal
 
     stopping = []
-    signal.signal(signal.SIGTERM, lambda *_: (stopping.append(1), master.process.terminate()))
+
+    def on_sigterm(*_: object) -> None:
+        stopping.append(1)
+        master.process.send_signal(signal.SIGCONT)  # a stopped master would keep a SIGTERM pending
+        master.process.terminate()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     try:
         rc = master.process.wait()
     except KeyboardInterrupt:
@@ -156,11 +162,14 @@ def _calibrate(config: EngineConfig, max_tokens: int | None) -> int:
     path = calibration.cache_path(
         engine.model, engine.device, config.max_num_batched_tokens, config.calibration_cache_dir
     )
-    calibration.save(path, cost, detail, engine.device)
+    saved = calibration.save(path, cost, detail, engine.device)
     print("| tokens | measured (s) | fit (s) |\n|---|---|---|")
     for n, t in zip(detail["lengths"], detail["seconds"], strict=True):
         print(f"| {n} | {t:.4f} | {cost(n):.4f} |")
     where = calibration.device_name(engine.device)
+    if not saved:
+        print(f"calibration rejected ({detail.get('rejected', cost.kind)}): nothing saved; run it when idle")
+        return 1
     print(f"C(n) = {cost.a:.4g}·n + {cost.b:.4g}·n²  ({where}; saved to {path})")
     return 0
 

@@ -16,10 +16,10 @@ import time
 from flashstate.gc_census import GcCensus
 
 # Python's default is 2,000 (3.13) or 700 (3.12 and before). A young collection walks every element of the
-# young lists (a prompt's token ids among them). At 50,000 the H200 headline's server paused 27 times in
-# 270 s, 180 ms on average, while every host restore left a reference cycle holding its fetched tensors
-# (~43k young tensors a collection, gc_census.py); without those cycles, twice (BENCHMARKS.md). In the
-# simulator, the interpreter's default spent 4x the collector time with twice the pauses over 50 ms
+# young lists (a prompt's token ids among them). At 50,000 the H200 headline's server paused 27 times in 270
+# s, 180 ms on average, while every host restore left a reference cycle holding its fetched tensors (~43k
+# young tensors a collection, gc_census.py); without those cycles, twice (docs/history/benchmarks-2026-11.md).
+# In the simulator, the interpreter's default spent 4x the collector time with twice the pauses over 50 ms
 # (benchmarks/gc_pauses.py).
 GEN0_THRESHOLD = 50_000
 

@@ -30,7 +30,7 @@ PRESET="${PRESET:-qwen3-next-2b}"
 WARMUP="${WARMUP:-30}"
 DURATION="${DURATION:-90}"
 DRAIN="${DRAIN:-30}"
-case "$PRESET" in  # where the simulator puts vllm near the reference's ~30% (BENCHMARKS.md)
+case "$PRESET" in  # where the simulator puts vllm near the reference's ~30% (docs/history/benchmarks-2026-11.md)
   qwen3-next-2b) default_kv=17G ;;
   nemotron-h-2b) default_kv=13G ;;
   kimi-linear-2b) default_kv=11G ;;
@@ -72,7 +72,7 @@ case "$mode" in
       "gds-aligned|--variant gds-aligned=flashstate --mamba-checkpoint-placement aligned"
       "asc-gds|--variant asc-gds=flashstate"
       # the host store is page-locked at start-up (64G: 72G with the arena's slack); the simulator meets
-      # every target at 64G and puts TTFT p90 just short of 8x at 32G (BENCHMARKS.md)
+      # every target at 64G and puts TTFT p90 just short of 8x at 32G (docs/history/benchmarks-2026-11.md)
       "asc-gds-host|--variant asc-gds-host=flashstate --host-cache memory --host-cache-bytes 64G"
     )
     reference=asc-only

@@ -53,5 +53,5 @@ class PrefillCost:
 
 
 # Used only when neither coefficients nor a calibration are available (tests, the simulator's defaults):
-# roughly a 2B hybrid on one H200 (see benchmarks/BENCHMARKS.md).
+# roughly a 2B hybrid on one H200 (see docs/history/benchmarks-2026-11.md).
 DEFAULT_COST = PrefillCost(8e-6, 1e-11, "default")

@@ -1,10 +1,11 @@
 """MixedGraphs: mixed steps (decode rows plus a few short prefill chunks) at fixed shapes, as CUDA graphs.
 
 A small mixed step is host-bound when run eagerly (~45 ms to issue a 24-layer forward on the H200 for ~15 ms
-of GPU work, benchmarks/BENCHMARKS.md). Here it runs padded to a bucket (B, K, T): B decode-shaped rows (the
-batch's one-token rows, then pad rows into the pad block and pad slot), then its K prefill chunks, each
-padded to a multiple of FLA_CHUNK tokens and the last one to make T in all (`ForwardMetadata.build(pad=...)`:
-pad tokens are masked out of the recurrent updates and write their KV into the pad block). For a bucket
+of GPU work, docs/history/benchmarks-2026-11.md). Here it runs padded to a bucket (B, K, T): B decode-shaped
+rows (the batch's one-token rows, then pad rows into the pad block and pad slot), then its K prefill chunks,
+each padded to a multiple of FLA_CHUNK tokens and the last one to make T in all
+(`ForwardMetadata.build(pad=...)`: pad tokens are masked out of the recurrent updates and write their KV into
+the pad block). For a bucket
 every shape is fixed — the token count, the chunk list's length, the attention tiles, the spans — so its
 forward and the logits at each row's last real token are captured once and replayed with new contents in the
 bucket's buffers. On the CPU the same padded forward runs eagerly (what the tests check).

@@ -8,12 +8,12 @@ bytes are counted, not copied, and time comes from measured rates.
     start_restore(hit, first, …)     a SimRestore, ready after the fetched bytes at the restore rate, plus
                                      a fixed cost per object fetched
 
-Rates: the H200's measured host tier (BENCHMARKS.md, "Host tier, session 4"): a 1,248 MiB state read,
-verified and copied to the device in 0.372 s (3.5 GB/s end to end); its background write-back in 0.635 s
-(2.06 GB/s). The write-back's device → host copies run beside the steps and are not charged to them.
-Per object, a served fetch waits about one GIL switch interval (1 ms) to take the GIL back after the
-object's checksum, beside a busy engine thread (BENCHMARKS.md, "A fetch waits out the GIL's switch interval
-once per object": 94 objects in 89.5 ms on the CPU).
+Rates: the H200's measured host tier (docs/history/benchmarks-2026-11.md, "Host tier, session 4"): a 1,248 MiB
+state read, verified and copied to the device in 0.372 s (3.5 GB/s end to end); its background write-back in
+0.635 s (2.06 GB/s). The write-back's device → host copies run beside the steps and are not charged to them.
+Per object, a served fetch waits about one GIL switch interval (1 ms) to take the GIL back after the object's
+checksum, beside a busy engine thread (docs/history/benchmarks-2026-11.md, "A fetch waits out the GIL's switch
+interval once per object": 94 objects in 89.5 ms on the CPU).
 """
 
 from __future__ import annotations

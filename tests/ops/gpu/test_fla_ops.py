@@ -1,6 +1,6 @@
 """The FLA-backed recurrent ops against their naive oracles (CUDA and flash-linear-attention only; CI skips).
 bf16 inputs on the GPU, the same inputs in fp32 on the CPU for the oracle; FLA's bf16 intermediates put
-outputs near 4e-3 and states near 2e-3 relative (see BENCHMARKS.md, GPU ops)."""
+outputs near 4e-3 and states near 2e-3 relative (see docs/history/benchmarks-2026-11.md, GPU ops)."""
 
 import pytest
 import torch
