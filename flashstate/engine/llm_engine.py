@@ -2,7 +2,7 @@
 
 batch = scheduler.schedule()
 out = model_runner.run(batch)
-postprocess(batch, out)          # advance computed lengths, append tokens, stop checks, retire
+scheduler.update_from_output(batch, out.token_ids, on_token)   # computed lengths, exports, tokens, retire
 
 With async scheduling a pure decode step is launched before the previous step's tokens are read (see
 `_pipeline`); text is detokenised when an output is read (TextStream), except for requests with stop
@@ -34,6 +34,7 @@ from flashstate.engine.outputs import RequestOutput
 from flashstate.engine.request_state import RequestState
 from flashstate.engine.scheduler import ScheduledBatch, Scheduler
 from flashstate.engine.step_trace import StepTrace
+from flashstate.engine.stop_checker import Finish
 from flashstate.models.loader import load_model
 from flashstate.models.spec import DTYPES
 from flashstate.ops.compile_watch import CompileWatch
@@ -336,7 +337,7 @@ class LLMEngine:
             raise error
         self._in_flight = None
         self.runner.forget_batches()  # on CUDA, synchronizes: a device that faulted raises here
-        self.cache.abandon_exports()
+        self.scheduler.abandon_step()
         unique = {id(s): s for s in stepping}.values()
         seqs = [s for s in unique if not s.is_finished and s.request_id in self.requests]
         outputs = []
@@ -410,50 +411,47 @@ class LLMEngine:
             nxt.append(seq)
         if not nxt or len(nxt) > self.runner.inputs.max_batch:
             return None
-        if not all(self.cache.allocate(seq, 2) for seq in nxt):
-            return None  # blocks already taken stay with their sequences: the next schedule() needs them
+        if not sched.reserve_decode(nxt, 2):
+            return None
         return ScheduledBatch(nxt, [1] * len(nxt))
 
     def _postprocess(
         self, batch: ScheduledBatch, token_ids: list[int | None], logprobs: list[float | None], seconds: float
     ) -> list[RequestOutput]:
+        """A step's results: its timing into the requests' stats, then the scheduler's update (cache and
+        sequences; `on_token` decides each stop), then one output per request that sampled."""
         now = time.monotonic()
         total = sum(batch.num_tokens)
-        for i, count, slot in batch.exports:
-            seq = batch.seqs[i]
-            self.cache.commit_export(seq, seq.num_computed_tokens + count, slot)
-        outputs = []
-        requests = self.requests
-        for seq, n, token, lp in zip(batch.seqs, batch.num_tokens, token_ids, logprobs, strict=True):
+        for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
             stats = seq.stats
             if stats.first_scheduled_time is None:
                 stats.first_scheduled_time = now
             if seq.num_computed_tokens < seq.num_prompt_tokens:
                 stats.prefill_seconds += seconds * n / total
-            seq.num_computed_tokens += n
-            if token is None:
-                continue
+        requests = self.requests
+        deltas: dict[str, str] = {}  # text released this step, of requests with stop strings
+
+        def on_token(i: int, seq: Sequence, token: int) -> Finish | None:
             req = requests[seq.request_id]
-            seq.token_ids.append(token)
             if seq.params.logprobs is not None:
-                seq.logprobs.append(lp)
-            if stats.first_token_time is None:
-                stats.first_token_time = now
-            delta = ""
+                seq.logprobs.append(logprobs[i])
+            if seq.stats.first_token_time is None:
+                seq.stats.first_token_time = now
             if req.stop is None:
-                finish = req.finish_by_ids(token, len(seq.token_ids))
-            else:
-                delta = req.stop.append(token)
-                req.text += delta
-                finish = req.stop.finish
-            if finish is not None:
-                seq.stop_reason = finish.stop_reason
-                self.scheduler.finish(seq, finish.reason)
-                stats.finished_time = now
+                return req.finish_by_ids(token, len(seq.token_ids))
+            delta = deltas[seq.request_id] = req.stop.append(token)
+            req.text += delta
+            return req.stop.finish
+
+        outputs = []
+        for seq in self.scheduler.update_from_output(batch, token_ids, on_token):
+            req = requests[seq.request_id]
+            if seq.is_finished:
+                seq.stats.finished_time = now
                 if self.trace is not None:
                     self.trace.record_request(seq)
                 del requests[seq.request_id]
-            outputs.append(self._output(req, delta))
+            outputs.append(self._output(req, deltas.get(seq.request_id, "")))
         return outputs
 
     def _output(self, req: RequestState, delta_text: str) -> RequestOutput:
@@ -478,7 +476,7 @@ class LLMEngine:
         )
 
     def reset_prefix_cache(self) -> int:
-        return self.cache.reset()
+        return self.scheduler.reset_cache()
 
     def close(self) -> None:
         """Finish the host tier's pending write-backs and leave its store, and stop the tensor-parallel

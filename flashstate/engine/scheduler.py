@@ -29,11 +29,13 @@ its own and fails it alone.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from flashstate.cache.host.restore import wait_any
 from flashstate.cache.manager import CacheManager
 from flashstate.config import EngineConfig
+from flashstate.engine.stop_checker import Finish
 from flashstate.sequence import Sequence, SequenceStatus
 
 
@@ -305,6 +307,47 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         seq.stats.num_preemptions += count
         self.waiting.appendleft(seq)
+
+    def update_from_output(
+        self,
+        batch: ScheduledBatch,
+        token_ids: list[int | None],
+        on_token: Callable[[int, Sequence, int], Finish | None],
+    ) -> list[Sequence]:
+        """Every change a finished step makes to its sequences and the cache, in one place (the engine's and
+        the simulator's): checkpoints the step exported committed, computed lengths advanced, each sampled
+        token (`token_ids[i]`, None for a row that sampled nothing) appended, then `on_token(i, seq,
+        token)` says whether the sequence stops; one that does is retired (its state committed to the cache,
+        what it holds released). Returns the sequences that sampled a token, in batch order."""
+        for i, count, slot in batch.exports:
+            seq = batch.seqs[i]
+            self.cache.commit_export(seq, seq.num_computed_tokens + count, slot)
+        sampled = []
+        for i, (seq, n, token) in enumerate(zip(batch.seqs, batch.num_tokens, token_ids, strict=True)):
+            seq.num_computed_tokens += n
+            if token is None:
+                continue
+            seq.token_ids.append(token)
+            finish = on_token(i, seq, token)
+            if finish is not None:
+                seq.stop_reason = finish.stop_reason
+                self.finish(seq, finish.reason)
+            sampled.append(seq)
+        return sampled
+
+    def abandon_step(self) -> None:
+        """After a failed step: the slots of the checkpoints it was exporting go back (LLMEngine.recover)."""
+        self.cache.abandon_exports()
+
+    def reset_cache(self) -> int:
+        """Evict every checkpoint no running sequence holds; returns how many."""
+        return self.cache.reset()
+
+    def reserve_decode(self, seqs: list[Sequence], num_tokens: int) -> bool:
+        """KV blocks for `num_tokens` more tokens of each sequence, without preempting (a decode launched
+        ahead of the step before it); False when the cache is short (blocks already taken stay: the next
+        `schedule()` needs them)."""
+        return all(self.cache.allocate(seq, num_tokens) for seq in seqs)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Retire a sequence (stop, length or abort) from wherever it is and release what it holds."""

@@ -29,8 +29,10 @@ from flashstate.cache.policy import build_policy
 from flashstate.cache.state_pool import StatePool
 from flashstate.config import EngineConfig
 from flashstate.engine.mixed_graphs import MixedBuckets
+from flashstate.engine.request_state import LENGTH
 from flashstate.engine.scheduler import ScheduledBatch, Scheduler
 from flashstate.engine.step_trace import request_row, step_shape
+from flashstate.engine.stop_checker import Finish
 from flashstate.models.hf_config import spec_from_hf
 from flashstate.models.spec import DTYPES, ModelSpec
 from flashstate.sampling_params import SamplingParams
@@ -255,30 +257,29 @@ class SimEngine:
         self.busy = False
 
     def finish_step(self, batch: ScheduledBatch) -> None:
-        """The step's results at its end time (engine/llm_engine.py's postprocess)."""
+        """The step's results at its end time, through the scheduler's update as in the engine."""
         self.busy = False
         now = self._clock()
-        for i, count, slot in batch.exports:
-            seq = batch.seqs[i]
-            self.cache.commit_export(seq, seq.num_computed_tokens + count, slot)
-        done: list[SimRequest] = []
-        for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_tokens, strict=True)):
-            samples = batch.samples(i)
-            stats = seq.stats
-            if stats.first_scheduled_time is None:
-                stats.first_scheduled_time = now
-            seq.num_computed_tokens += n
-            if not samples:
-                continue
+        for seq in batch.seqs:
+            if seq.stats.first_scheduled_time is None:
+                seq.stats.first_scheduled_time = now
+        tokens = [
+            self._requests[id(seq)].rng.randrange(self._max_token_id) if batch.samples(i) else None
+            for i, seq in enumerate(batch.seqs)
+        ]
+
+        def on_token(i: int, seq: Sequence, token: int) -> Finish | None:
             req = self._requests[id(seq)]
-            seq.token_ids.append(req.rng.randrange(self._max_token_id))
-            if stats.first_token_time is None:
-                stats.first_token_time = now
+            if seq.stats.first_token_time is None:
+                seq.stats.first_token_time = now
                 if req.on_first_token is not None:
                     req.on_first_token(now)
-            if len(seq.token_ids) - seq.num_prompt_tokens >= seq.params.max_tokens:
-                self.scheduler.finish(seq, "length")
-                stats.finished_time = now
+            return LENGTH if len(seq.token_ids) - seq.num_prompt_tokens >= seq.params.max_tokens else None
+
+        done: list[SimRequest] = []
+        for seq in self.scheduler.update_from_output(batch, tokens, on_token):
+            if seq.is_finished:
+                seq.stats.finished_time = now
                 self.request_rows.append(request_row(seq, 0.0))
                 done.append(self._requests.pop(id(seq)))
         for req in done:

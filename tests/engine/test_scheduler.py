@@ -24,11 +24,8 @@ def _seq(rid: str, n: int, max_tokens: int = 4) -> Sequence:
 
 def _advance(sched: Scheduler, batch, sampled: int = 7) -> None:
     """What the engine does after the model ran: computed lengths move, finished prompts get a token."""
-    for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_tokens, strict=True)):
-        samples = batch.samples(i)
-        seq.num_computed_tokens += n
-        if samples:
-            seq.token_ids.append(sampled)
+    tokens = [sampled if batch.samples(i) else None for i in range(len(batch))]
+    sched.update_from_output(batch, tokens, lambda i, seq, token: None)
 
 
 def test_chunked_prefill_respects_budget_and_mixes_with_decodes():
