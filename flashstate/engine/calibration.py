@@ -77,19 +77,6 @@ def time_prefill_runs(
     return times[1:]
 
 
-def time_prefill(
-    model: HybridForCausalLM,
-    caches: CacheTensors,
-    n: int,
-    block_size: int,
-    chunk: int,
-    device: torch.device,
-    repeats: int = REPEATS,
-) -> float:
-    """Median seconds to prefill n fresh tokens (see `time_prefill_runs`)."""
-    return statistics.median(time_prefill_runs(model, caches, n, block_size, chunk, device, repeats))
-
-
 def max_calibration_tokens(
     device: torch.device, max_model_len: int, cache_tokens: int, asked: int | None = None
 ) -> int:
