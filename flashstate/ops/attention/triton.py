@@ -12,6 +12,8 @@ Softmax in base 2: scores are scaled by scale·log2(e).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -22,8 +24,13 @@ from flashstate.ops.attention.tiles import tile_list
 SMEM_BUDGET = 200 * 1024  # bytes of shared memory a tile may plan for (the H100/H200 allow 227 KiB)
 
 LOG2E = 1.4426950408889634
-NUM_SMS = 132  # H200; only shapes the decode split count
 MIN_SPLIT_KEYS = 256  # at 1,024 a 32k-token decode with 2 KV heads got 66 programs, 1.0 TB/s (BENCHMARKS)
+
+
+@functools.cache
+def num_sms(device: torch.device) -> int:
+    """The device's streaming multiprocessors (132 on the H200): only shapes the decode split count."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def store_kv(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
@@ -324,7 +331,8 @@ def paged_attention(
     max_keys = block_tables.shape[1] * page
     splits = 1
     if decode:  # ~4 programs per SM; at least MIN_SPLIT_KEYS keys each (few sequences need many splits)
-        splits = max(1, min(triton.cdiv(max_keys, MIN_SPLIT_KEYS), triton.cdiv(4 * NUM_SMS, max(1, n * hkv))))
+        per_sm = triton.cdiv(4 * num_sms(q.device), max(1, n * hkv))
+        splits = max(1, min(triton.cdiv(max_keys, MIN_SPLIT_KEYS), per_sm))
     splits = kv_splits or splits
     kv_per_split = triton.cdiv(triton.cdiv(max_keys, splits), bn) * bn
     if splits > 1:
