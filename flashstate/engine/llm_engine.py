@@ -133,7 +133,8 @@ class LLMEngine:
         power-of-two step size up to the token budget: some kernels are tuned per size class (the short
         conv), and a class first met while serving would stall that step for seconds. The caller then starts
         a fresh cache, so nothing of this is served or counted."""
-        top = min(self.config.max_num_batched_tokens, self.max_model_len // 2)
+        # the longest warm-up request holds 1.5 × top tokens: within what the cache can ever hold
+        top = min(self.config.max_num_batched_tokens, self.context_limit // 2)
         # largest first: a kernel tuned per size class is tuned at the longest batch of the class
         sizes = sorted({min(top, 1 << k) for k in range(1, top.bit_length() + 1)} - {1}, reverse=True)
         params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)

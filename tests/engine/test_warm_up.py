@@ -33,3 +33,17 @@ def test_a_warm_up_leaves_nothing_behind(tiny_model_dir, alone, policy):
     assert engine.cache.block_pool.num_free == engine.cache.block_pool.num_blocks
     assert [llm.generate(p, GREEDY)[0].token_ids for p in prompts] == want
     engine.check_integrity()
+
+
+def test_a_warm_up_fits_a_cache_smaller_than_the_token_budget(tiny_model_dir):
+    """A KV cache of 320 tokens beside a 2,048-token budget: the warm-up's requests stay within what the
+    cache can ever hold (they were refused as too large, so such a server could not start on a GPU)."""
+    llm = LLM(
+        tiny_model_dir, max_model_len=4096, kv_cache_memory_bytes=400_000, max_num_seqs=4,
+        prefill_cost_coefficients=(1e-5, 1e-10),
+    )  # fmt: skip
+    engine = llm.engine
+    assert engine.context_limit < engine.config.max_num_batched_tokens
+    engine.warm_up()
+    engine.check_integrity()
+    assert not engine.has_unfinished()
