@@ -13,6 +13,8 @@ from flashstate.engine.llm_engine import MAX_FAULTS
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 COST = {"prefill_cost_coefficients": (1e-5, 1e-10)}  # no calibration: these tests build many engines
+# a budget of its own for each engine, as two live side by side (on a GPU the default takes 90% of it)
+PAIR = {**COST, "kv_cache_memory_bytes": 64 << 20, "async_scheduling": False}
 
 
 def _assert_idle(llm: LLM) -> None:
@@ -83,11 +85,11 @@ def _poison(llm: LLM, marker: int, when=lambda seqs: True):
 
 
 def test_a_step_that_raises_fails_only_the_request_that_causes_it(tiny_model_dir):
-    clean = LLM(tiny_model_dir, **COST, async_scheduling=False)
+    clean = LLM(tiny_model_dir, **PAIR)
     prompts = [[11 + i] * (5 + 7 * i) for i in range(4)]
     expected = [o.token_ids for o in clean.generate(prompts, GREEDY)]
 
-    llm = LLM(tiny_model_dir, **COST, async_scheduling=False)
+    llm = LLM(tiny_model_dir, **PAIR)
     _poison(llm, marker=999)
     outs = llm.generate([*prompts[:2], [999, 1, 2, 3], *prompts[2:]], GREEDY)
     assert outs[2].finish_reason == "error" and "injected fault" in outs[2].error
@@ -99,11 +101,11 @@ def test_a_step_that_raises_fails_only_the_request_that_causes_it(tiny_model_dir
 
 
 def test_a_fault_late_in_a_request_fails_it_alone_after_its_batch_mates_are_cleared(tiny_model_dir):
-    clean = LLM(tiny_model_dir, **COST, async_scheduling=False)
+    clean = LLM(tiny_model_dir, **PAIR)
     prompts = [[21 + i] * (6 + 3 * i) for i in range(3)]
     expected = [o.token_ids for o in clean.generate(prompts, GREEDY)]
 
-    llm = LLM(tiny_model_dir, **COST, async_scheduling=False)
+    llm = LLM(tiny_model_dir, **PAIR)
     # the poisoned request decodes fine for a while, then every step that reaches its 5th output raises
     _poison(
         llm,
@@ -118,7 +120,7 @@ def test_a_fault_late_in_a_request_fails_it_alone_after_its_batch_mates_are_clea
 
 
 def test_a_request_in_max_faults_failed_steps_fails(tiny_model_dir):
-    llm = LLM(tiny_model_dir, **COST, async_scheduling=False)
+    llm = LLM(tiny_model_dir, **PAIR)
     runner = llm.engine.runner
     run, calls = runner.run, []
 
