@@ -91,6 +91,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.restoring: list[Sequence] = []
+        self._suspects = False  # a requeued suspect may still be waiting or running (see _isolated)
         self.failed: list[Sequence] = []  # refused by schedule() (finished, "error"): the engine reports them
 
     @classmethod
@@ -231,11 +232,14 @@ class Scheduler:
 
     def _isolated(self) -> Sequence | None:
         """The suspect that runs alone this step: a running one, else one at the head of the queue."""
+        if not self._suspects:  # the steady state: no step has failed since the last suspect cleared
+            return None
         for seq in self.running:
             if seq.suspect_until >= len(seq.token_ids):
                 return seq
         if self.waiting and self.waiting[0].suspect_until >= len(self.waiting[0].token_ids):
             return self.waiting[0]
+        self._suspects = any(s.suspect_until >= len(s.token_ids) for s in self.waiting)
         return None
 
     @property
@@ -247,6 +251,7 @@ class Scheduler:
         the queue as a suspect (it runs alone until it has sampled past this point)."""
         self._preempt(seq, count=False)
         seq.suspect_until = len(seq.token_ids)
+        self._suspects = True
 
     def _running_order(self) -> list[Sequence]:
         """The order running sequences take the budget in: admission order (fifo); with arrivals-first, the
