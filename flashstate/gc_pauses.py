@@ -10,10 +10,10 @@ short-lived objects are promoted. `GcPauses` counts the collections and their ti
 from __future__ import annotations
 
 import gc
-import os
 import time
 
-from flashstate.gc_census import GcCensus
+from flashstate import envs
+from flashstate.diagnostics.gc_census import GcCensus
 
 # Python's default is 2,000 (3.13) or 700 (3.12 and before). A young collection walks every element of the
 # young lists (a prompt's token ids among them). At 50,000 the H200 headline's server paused 27 times in 270
@@ -33,7 +33,7 @@ def for_serving() -> int:
     _, gen1, gen2 = gc.get_threshold()
     gc.set_threshold(GEN0_THRESHOLD, gen1, gen2)
     if _serving is None:
-        _serving = GcPauses(census=os.environ.get("FLASHSTATE_GC_CENSUS") == "1").install()
+        _serving = GcPauses(census=envs.FLASHSTATE_GC_CENSUS).install()
     return gc.get_freeze_count()
 
 

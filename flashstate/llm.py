@@ -7,7 +7,7 @@ from typing import Any
 
 from flashstate.config import EngineConfig
 from flashstate.engine.llm_engine import LLMEngine
-from flashstate.engine.outputs import RequestOutput
+from flashstate.engine.output.request_output import RequestOutput
 from flashstate.sampling_params import SamplingParams
 
 Prompt = str | list[int]

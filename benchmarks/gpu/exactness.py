@@ -10,7 +10,7 @@ import torch
 from engine_setup import GREEDY, make_llm, prompt
 
 from flashstate import LLM, SamplingParams
-from flashstate.engine.outputs import RequestOutput
+from flashstate.engine.output.request_output import RequestOutput
 
 
 def check_oracle(model_dir: Path, out: dict) -> None:

@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from flashstate.models.hf_config import spec_from_hf
+from flashstate.spec.hf_config import spec_from_hf
 
 
 def sync(device: torch.device) -> None:

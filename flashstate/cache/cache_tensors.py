@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from flashstate.models.base import HybridForCausalLM
-from flashstate.models.spec import ModelSpec
+from flashstate.spec.model_spec import ModelSpec
 
 STATE_DTYPE = torch.float32
 

@@ -11,7 +11,7 @@ from flashstate.cache.cache_tensors import kv_bytes_per_block, state_bytes_per_s
 from flashstate.cache.policy import vllm_geometry
 from flashstate.cache.vllm_pages import VllmPagePool
 from flashstate.config import EngineConfig
-from flashstate.models.spec import ModelSpec
+from flashstate.spec.model_spec import ModelSpec
 
 SGLANG_STATE_FRACTION = 0.25  # SGLang sizes its state pool apart from the KV pool
 

@@ -44,7 +44,7 @@ from flashstate.cache.cache_tensors import kv_bytes_per_block, state_bytes_per_s
 from flashstate.cache.cost import PrefillCost
 from flashstate.cache.tree import Match, Node, RadixTree
 from flashstate.config import EngineConfig
-from flashstate.models.spec import ModelSpec
+from flashstate.spec.model_spec import ModelSpec
 from flashstate.sequence import Sequence
 
 

@@ -46,12 +46,12 @@ from flashstate.distributed.group import (
     split_cpu_threads,
 )
 from flashstate.distributed.worker import run_worker
-from flashstate.engine.decode_inputs import DecodeInputs
+from flashstate.engine.worker.decode_inputs import DecodeInputs
 from flashstate.layers.metadata import ForwardMetadata
 from flashstate.lifeline import in_lasting_thread
 from flashstate.models.base import HybridForCausalLM
-from flashstate.models.hf_config import spec_from_hf
 from flashstate.models.shard_plan import Shard, TensorParallelError, shard_spec
+from flashstate.spec.hf_config import spec_from_hf
 
 JOIN_SECONDS = 10.0
 DEATH_SECONDS = 2.0  # how long a failed step waits to learn whether a worker died

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from flashstate.engine.decode_inputs import DecodeInputs
+from flashstate.engine.worker.decode_inputs import DecodeInputs
 from flashstate.models.shard_plan import reduce_points
 
 # A step longer than this (a huge prefill on CPU) would be a bug: the collectives give up.

@@ -25,6 +25,7 @@ from multiprocessing.connection import Connection
 
 import torch
 
+from flashstate import envs
 from flashstate.config import EngineConfig
 from flashstate.distributed.group import (
     TPGroup,
@@ -63,7 +64,7 @@ def run_worker(
 def dump_stacks_when_stuck() -> None:
     """With FLASHSTATE_STACK_DUMP_S=<seconds> in the environment, this process writes every thread's Python
     stack to stderr at that interval: a rank stuck in a collective shows where (a debugging aid)."""
-    seconds = float(os.environ.get("FLASHSTATE_STACK_DUMP_S", "0") or 0)
+    seconds = envs.FLASHSTATE_STACK_DUMP_S
     if seconds > 0:
         faulthandler.dump_traceback_later(seconds, repeat=True)
 
@@ -72,10 +73,10 @@ def _serve(config: EngineConfig, model_dir: str, rank: int, port: int, conn: Con
     from flashstate.cache.cache_tensors import CacheTensors
     from flashstate.cache.memory_plan import cache_budget
     from flashstate.device import resolve_device
-    from flashstate.engine.cuda_graph import DecodeGraphs
-    from flashstate.engine.decode_inputs import DecodeInputs
+    from flashstate.engine.worker.cuda_graph import DecodeGraphs
+    from flashstate.engine.worker.decode_inputs import DecodeInputs
     from flashstate.models.loader import load_model
-    from flashstate.models.spec import DTYPES
+    from flashstate.spec.model_spec import DTYPES
 
     world = config.tensor_parallel_size
     device = rank_device(resolve_device(config.device), rank)

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from flashstate import envs
 from flashstate.config import EngineConfig
+from flashstate.diagnostics.stack_sampler import StackSampler
+from flashstate.diagnostics.thread_cpu import describe, thread_cpu_seconds
 from flashstate.engine.llm_engine import LLMEngine
-from flashstate.engine.outputs import RequestOutput
+from flashstate.engine.output.request_output import RequestOutput
 from flashstate.engine.request_state import RequestState
-from flashstate.engine.stack_sampler import ENV as STACK_SAMPLE_ENV
-from flashstate.engine.stack_sampler import StackSampler
-from flashstate.engine.thread_cpu import describe, thread_cpu_seconds
 from flashstate.gc_pauses import serving_pauses
 from flashstate.sampling_params import SamplingParams
 
@@ -86,7 +86,7 @@ class AsyncEngine:
             return
         finally:
             built.set()
-        path = os.environ.get(STACK_SAMPLE_ENV)
+        path = envs.FLASHSTATE_STACK_SAMPLE
         sampler = StackSampler(threading.get_ident()).start() if path else None
         try:
             self._loop()

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from flashstate import envs
 from flashstate.cache.cache_tensors import CacheTensors
 from flashstate.cache.cost import DEFAULT_COST, PrefillCost
 from flashstate.layers.metadata import ForwardMetadata
@@ -41,9 +42,7 @@ MIN_R2 = 0.98
 
 
 def default_cache_dir() -> Path:
-    home = os.environ.get("FLASHSTATE_HOME")
-    base = Path(home) if home else Path.home() / ".cache" / "flashstate"
-    return base / "calibration"
+    return envs.FLASHSTATE_HOME / "calibration"
 
 
 @torch.inference_mode()

@@ -29,17 +29,18 @@ from flashstate.cache.state_pool import StatePool
 from flashstate.config import EngineConfig
 from flashstate.device import resolve_device
 from flashstate.engine.calibration import load_or_calibrate, max_calibration_tokens
-from flashstate.engine.model_runner import InFlight, ModelRunner
-from flashstate.engine.outputs import RequestOutput
+from flashstate.engine.output.request_output import RequestOutput
+from flashstate.engine.output.stop_checker import Finish
 from flashstate.engine.request_state import RequestState
 from flashstate.engine.scheduler import ScheduledBatch, Scheduler
+from flashstate.engine.stats_snapshot import snapshot
 from flashstate.engine.step_trace import StepTrace
-from flashstate.engine.stop_checker import Finish
+from flashstate.engine.worker.model_runner import InFlight, ModelRunner
 from flashstate.models.loader import load_model
-from flashstate.models.spec import DTYPES
 from flashstate.ops.compile_watch import CompileWatch
 from flashstate.sampling_params import SamplingParams
 from flashstate.sequence import Sequence, SequenceStatus
+from flashstate.spec.model_spec import DTYPES
 from flashstate.tokenizer import Tokenizer
 
 logger = logging.getLogger("flashstate")
@@ -163,6 +164,7 @@ class LLMEngine:
             byte_budget=self.plan.shared_bytes,
         )
         self.scheduler = Scheduler.from_config(self.cache, c, self.max_model_len)
+        self.stats = snapshot(self.scheduler, self.cache, self.host)  # replaced after every step
 
     def _prefill_cost(self, caches: CacheTensors) -> PrefillCost:
         """C(n) from the flag, else (when GDS needs it) the cached or a fresh calibration."""
@@ -289,6 +291,7 @@ class LLMEngine:
             batch, outputs = self._step()
             self.trace.record(start, self._scheduled_at, batch, self.scheduler, ahead, self.host)
         self._failed_steps = 0
+        self.stats = snapshot(self.scheduler, self.cache, self.host)
         return outputs
 
     def _step(self) -> tuple[ScheduledBatch | None, list[RequestOutput]]:

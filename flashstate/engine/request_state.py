@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from flashstate.engine.stop_checker import Finish, StopChecker
-from flashstate.engine.text_stream import TextStream
+from flashstate.engine.output.stop_checker import Finish, StopChecker
+from flashstate.engine.output.text_stream import TextStream
 from flashstate.sequence import Sequence
 
 

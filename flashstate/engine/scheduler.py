@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from flashstate.cache.host.restore import wait_any
 from flashstate.cache.manager import CacheManager
 from flashstate.config import EngineConfig
-from flashstate.engine.stop_checker import Finish
+from flashstate.engine.output.stop_checker import Finish
 from flashstate.sequence import Sequence, SequenceStatus
 
 

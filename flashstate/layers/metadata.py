@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from flashstate.device import upload
-from flashstate.ops.varlen import FLA_CHUNK
+from flashstate.ops.chunking import FLA_CHUNK
 
 
 @dataclass(slots=True)

@@ -1,32 +1,13 @@
-"""MoE layers' shape (MoeSpec, parsed from HF configs by models/hf_config.py) and the DeepSeek-style router
-of Nemotron-H and Kimi-Linear (HF names: `gate.weight`, `gate.e_score_correction_bias`)."""
+"""The DeepSeek-style MoE router of Nemotron-H and Kimi-Linear (HF names: `gate.weight`,
+`gate.e_score_correction_bias`)."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-
-@dataclass(frozen=True, slots=True)
-class MoeSpec:
-    num_experts: int
-    top_k: int
-    intermediate_size: int
-    shared_intermediate_size: int  # 0: no shared expert
-    num_shared_experts: int
-    norm_topk_prob: bool
-    act: str
-    scoring: Literal["softmax", "sigmoid"] = "softmax"
-    routed_scaling_factor: float = 1.0
-    n_group: int = 1
-    topk_group: int = 1
-    shared_expert_gate: bool = False  # Qwen3-Next: sigmoid gate on the shared expert
-    correction_bias: bool = False  # e_score_correction_bias (DeepSeek-style routers)
-    latent_size: int | None = None  # Nemotron-H: routed experts run in a projected latent space
+from flashstate.spec.model_spec import MoeSpec
 
 
 class GroupedTopkRouter(nn.Module):

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from flashstate.layers.metadata import ForwardMetadata
-from flashstate.models.spec import ModelSpec
+from flashstate.spec.model_spec import ModelSpec
 
 
 class AttentionMixer(nn.Module):

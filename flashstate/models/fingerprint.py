@@ -8,7 +8,7 @@ import json
 
 import torch
 
-from flashstate.models.spec import ModelSpec
+from flashstate.spec.model_spec import ModelSpec
 
 
 def layout_fingerprint(spec: ModelSpec, dtype: torch.dtype, **extra: object) -> str:

@@ -27,12 +27,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from flashstate.layers.metadata import ForwardMetadata
-from flashstate.layers.router import GroupedTopkRouter, MoeSpec
+from flashstate.layers.router import GroupedTopkRouter
 from flashstate.models.base import AttentionMixer, HybridForCausalLM, LinearMixer
-from flashstate.models.spec import AttentionSpec, LinearSpec, ModelSpec
 from flashstate.ops.attention import long_spans, paged_attention, span_attention, store_kv
 from flashstate.ops.kda import chunk_kda, fused_recurrent_kda
 from flashstate.ops.short_conv import causal_conv1d
+from flashstate.spec.model_spec import AttentionSpec, LinearSpec, ModelSpec, MoeSpec
 
 # HF and Moonshot build the MLA latent norms (q_a_layernorm, kv_a_layernorm) with the default eps,
 # not rms_norm_eps.

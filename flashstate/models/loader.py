@@ -13,9 +13,9 @@ import torch
 from safetensors import safe_open
 
 from flashstate.models.base import HybridForCausalLM
-from flashstate.models.hf_config import spec_from_hf
 from flashstate.models.registry import build_model
 from flashstate.models.shard_plan import Shard, ShardPlan, shard_spec
+from flashstate.spec.hf_config import spec_from_hf
 
 
 class CheckpointError(ValueError):

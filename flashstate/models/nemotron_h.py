@@ -18,12 +18,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from flashstate.layers.metadata import ForwardMetadata
-from flashstate.layers.router import GroupedTopkRouter, MoeSpec
+from flashstate.layers.router import GroupedTopkRouter
 from flashstate.models.base import AttentionMixer, HybridForCausalLM, LinearMixer
-from flashstate.models.spec import AttentionSpec, LinearSpec, ModelSpec
 from flashstate.ops.attention import paged_attention, store_kv
 from flashstate.ops.short_conv import causal_conv1d
 from flashstate.ops.ssd import chunk_ssd, fused_recurrent_ssd
+from flashstate.spec.model_spec import AttentionSpec, LinearSpec, ModelSpec, MoeSpec
 
 
 def _act(name: str):

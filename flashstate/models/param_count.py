@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flashstate.models.spec import ModelSpec
+from flashstate.spec.model_spec import ModelSpec
 
 
 def count_parameters(spec: ModelSpec, embeddings: bool = True) -> int:

@@ -20,7 +20,6 @@ vocabulary sizes, with a dense FFN (no MoE) so prefill is GEMM-bound; they are f
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import math
@@ -28,230 +27,21 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors.torch import save_file
 
+from flashstate import envs
 from flashstate.default_tokenizer import (
-    DEFAULT_VOCAB_SIZE,
-    ENDOFTEXT_ID,
-    IM_END_ID,
     build_default_tokenizer,
     write_default_tokenizer,
 )
-from flashstate.models.hf_config import spec_from_hf
 from flashstate.models.registry import build_model
-from flashstate.models.spec import ModelSpec
+from flashstate.spec.hf_config import spec_from_hf
+from flashstate.spec.model_spec import ModelSpec
+from flashstate.spec.preset_configs import DEFAULT_PRESET, INIT_STD, preset_config
 
-DEFAULT_PRESET = "tiny"
 _FORMAT_VERSION = 1  # bump when materialize() writes different files for the same config and seed
-_INIT_STD = 0.02
-_SPECIAL_IDS = {"eos_token_id": IM_END_ID, "pad_token_id": ENDOFTEXT_ID, "bos_token_id": None}
-
-
-def _qwen3_next(**kw: Any) -> dict:
-    n = kw.pop("num_hidden_layers")
-    cfg = {
-        "architectures": ["Qwen3NextForCausalLM"],
-        "model_type": "qwen3_next",
-        "num_hidden_layers": n,
-        "layer_types": ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(n)],
-        "hidden_act": "silu",
-        "rms_norm_eps": 1e-6,
-        "rope_parameters": {
-            "rope_type": "default",
-            "rope_theta": 10_000_000.0,
-            "partial_rotary_factor": 0.25,
-        },
-        "attention_bias": False,
-        "linear_conv_kernel_dim": 4,
-        "num_experts": 0,  # dense FFN in every layer
-        "num_experts_per_tok": 1,
-        "moe_intermediate_size": 0,
-        "shared_expert_intermediate_size": 0,
-        "decoder_sparse_step": 1,
-        "mlp_only_layers": [],
-        "norm_topk_prob": True,
-        "tie_word_embeddings": False,
-        "initializer_range": _INIT_STD,
-        **_SPECIAL_IDS,
-    }
-    return {**cfg, **kw}
-
-
-def _nemotron_h(pattern: str, **kw: Any) -> dict:
-    kinds = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
-    hf_types = {"mamba": "linear_attention", "attention": "full_attention", "mlp": "mlp", "moe": "moe"}
-    cfg = {
-        "architectures": ["NemotronHForCausalLM"],
-        "model_type": "nemotron_h",
-        "layers_block_type": [hf_types[kinds[c]] for c in pattern],
-        "mlp_hidden_act": "relu2",
-        "mamba_hidden_act": "silu",
-        "mlp_bias": False,
-        "attention_bias": False,
-        "use_conv_bias": True,
-        "mamba_proj_bias": False,
-        "conv_kernel": 4,
-        "chunk_size": 128,
-        "time_step_min": 0.001,
-        "time_step_max": 0.1,
-        "time_step_floor": 1e-4,
-        "time_step_limit": [0.0, float("inf")],
-        "layer_norm_epsilon": 1e-5,
-        "n_routed_experts": 0,
-        "n_shared_experts": 0,
-        "tie_word_embeddings": False,
-        "rescale_prenorm_residual": False,  # our init is plain normal(0, 0.02), see `init_tensor`
-        "initializer_range": _INIT_STD,
-        **_SPECIAL_IDS,
-    }
-    cfg.update(kw)
-    cfg["expand"] = cfg["mamba_num_heads"] * cfg["mamba_head_dim"] // cfg["hidden_size"]  # must be an int
-    return cfg
-
-
-def _kimi_linear(**kw: Any) -> dict:
-    n = kw.pop("num_hidden_layers")
-    cfg = {
-        "architectures": ["KimiLinearForCausalLM"],
-        "model_type": "kimi_linear",
-        "num_hidden_layers": n,
-        # Full (MLA) attention every 4th layer, as in the released checkpoints (1-indexed 4, 8, ...).
-        "layer_types": ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(n)],
-        "mlp_layer_types": ["dense"] * n,
-        "hidden_act": "silu",
-        "rms_norm_eps": 1e-5,
-        "q_lora_rank": None,
-        "attention_bias": False,
-        "linear_conv_kernel_dim": 4,
-        "num_experts": 0,
-        "num_experts_per_token": 1,
-        "num_shared_experts": 0,
-        "moe_intermediate_size": 0,
-        "moe_renormalize": True,
-        "routed_scaling_factor": 1.0,
-        "num_expert_group": 1,
-        "topk_group": 1,
-        "rope_theta": 10000.0,
-        "tie_word_embeddings": False,
-        "initializer_range": _INIT_STD,
-        **_SPECIAL_IDS,
-    }
-    cfg.update(kw)
-    cfg.setdefault("num_key_value_heads", cfg["num_attention_heads"])
-    cfg["max_position_embeddings"] = cfg["model_max_length"]  # HF writes model_max_length
-    return cfg
-
-
-_TINY = {"vocab_size": DEFAULT_VOCAB_SIZE, "hidden_size": 128, "dtype": "float32"}
-
-PRESETS: dict[str, dict] = {
-    # The same shapes as benchmarks/vllm_reference (the checkpoint real vLLM serves in the comparisons).
-    "tiny": _qwen3_next(
-        **_TINY,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        linear_key_head_dim=32,
-        linear_value_head_dim=32,
-        intermediate_size=384,
-        max_position_embeddings=131072,
-    ),
-    "tiny-nemotron-h": _nemotron_h(
-        "M-M-M*-M",
-        **_TINY,
-        mamba_num_heads=8,
-        mamba_head_dim=32,
-        n_groups=2,
-        ssm_state_size=32,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        intermediate_size=512,
-        max_position_embeddings=131072,
-    ),
-    "tiny-kimi-linear": _kimi_linear(
-        **_TINY,
-        num_hidden_layers=8,
-        linear_num_heads=4,
-        linear_head_dim=32,
-        num_attention_heads=4,
-        kv_lora_rank=64,
-        qk_nope_head_dim=32,
-        qk_rope_head_dim=16,
-        v_head_dim=32,
-        intermediate_size=384,
-        # Layer 0 dense, the rest MoE (the released model's layout): 8 experts, top-2, one shared expert.
-        mlp_layer_types=["dense"] + ["sparse"] * 7,
-        num_experts=8,
-        num_experts_per_token=2,
-        num_shared_experts=1,
-        moe_intermediate_size=64,
-        routed_scaling_factor=2.446,
-        model_max_length=131072,
-    ),
-    "qwen3-next-2b": _qwen3_next(
-        vocab_size=151936,
-        hidden_size=2048,
-        num_hidden_layers=24,
-        num_attention_heads=16,
-        num_key_value_heads=2,
-        head_dim=256,
-        linear_num_key_heads=16,
-        linear_num_value_heads=32,
-        linear_key_head_dim=128,
-        linear_value_head_dim=128,
-        intermediate_size=5632,
-        max_position_embeddings=262144,
-        dtype="bfloat16",
-    ),
-    "nemotron-h-2b": _nemotron_h(
-        "M-M-M-M-M*-" * 4,
-        vocab_size=131072,
-        hidden_size=2048,
-        mamba_num_heads=64,
-        mamba_head_dim=64,
-        n_groups=8,
-        ssm_state_size=128,
-        num_attention_heads=16,
-        num_key_value_heads=4,
-        head_dim=128,
-        intermediate_size=8192,
-        max_position_embeddings=262144,
-        dtype="bfloat16",
-    ),
-    "kimi-linear-2b": _kimi_linear(
-        vocab_size=163840,
-        hidden_size=2048,
-        num_hidden_layers=24,
-        linear_num_heads=32,
-        linear_head_dim=128,
-        num_attention_heads=32,
-        kv_lora_rank=512,
-        qk_nope_head_dim=128,
-        qk_rope_head_dim=64,
-        v_head_dim=128,
-        intermediate_size=5632,
-        model_max_length=262144,
-        dtype="bfloat16",
-    ),
-}
-
-
-def list_presets() -> list[str]:
-    return list(PRESETS)
-
-
-def preset_config(name: str) -> dict:
-    """A fresh copy of preset `name`'s config.json dict."""
-    if name not in PRESETS:
-        raise KeyError(f"unknown model preset {name!r}; presets: {', '.join(PRESETS)}")
-    return copy.deepcopy(PRESETS[name])
 
 
 def random_weights(spec: ModelSpec, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -324,7 +114,7 @@ def init_tensor(
             "linear_attn.norm.weight"
         )
         return torch.zeros(shape) if zero_centred else torch.ones(shape)
-    return torch.randn(shape, generator=generator) * _INIT_STD
+    return torch.randn(shape, generator=generator) * INIT_STD
 
 
 def materialize(name: str, directory: str | Path, seed: int = 0) -> Path:
@@ -346,8 +136,7 @@ def materialize_config(config: dict, directory: str | Path, seed: int = 0) -> Pa
 
 def cache_root() -> Path:
     """`$FLASHSTATE_HOME`, else `~/.cache/flashstate`."""
-    home = os.environ.get("FLASHSTATE_HOME")
-    return Path(home) if home else Path.home() / ".cache" / "flashstate"
+    return envs.FLASHSTATE_HOME
 
 
 def preset_dir(name: str = DEFAULT_PRESET, seed: int = 0) -> Path:

@@ -15,10 +15,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from flashstate.layers.metadata import ForwardMetadata
-from flashstate.layers.router import MoeSpec
 from flashstate.layers.stacked_linear import StackedLinears
 from flashstate.models.base import AttentionMixer, HybridForCausalLM, LinearMixer
-from flashstate.models.spec import AttentionSpec, LinearSpec, ModelSpec, UnsupportedModelError
 from flashstate.ops.activation import sigmoid_mul, silu_mul
 from flashstate.ops.attention import paged_attention
 from flashstate.ops.backend import dense_on_cpu, gpu_kernels
@@ -27,6 +25,7 @@ from flashstate.ops.gdn_gating import gdn_gating
 from flashstate.ops.norm.naive import rms_norm as naive_rms_norm
 from flashstate.ops.qk_norm_rope import qk_norm_rope_store
 from flashstate.ops.short_conv import causal_conv1d
+from flashstate.spec.model_spec import AttentionSpec, LinearSpec, ModelSpec, MoeSpec, UnsupportedModelError
 
 
 def _check_act(act: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 
 from flashstate.models.base import HybridForCausalLM
-from flashstate.models.spec import ModelSpec, UnsupportedModelError
+from flashstate.spec.model_spec import ModelSpec, UnsupportedModelError
 
 _CLASSES = {
     "Qwen3NextForCausalLM": "flashstate.models.qwen3_next:Qwen3NextForCausalLM",

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from flashstate.models.spec import ModelSpec
+from flashstate.spec.model_spec import ModelSpec
 
 Slicer = Callable[[Tensor, int, int], Tensor]  # (full tensor, rank, world size) → this rank's share
 

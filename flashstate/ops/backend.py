@@ -10,8 +10,10 @@ from types import ModuleType
 
 from torch import Tensor
 
+from flashstate import envs
+
 _REFERENCE_ENV = "FLASHSTATE_REFERENCE_OPS"
-_reference = os.environ.get(_REFERENCE_ENV) == "1"
+_reference = envs.FLASHSTATE_REFERENCE_OPS
 
 
 def use_reference_ops() -> None:

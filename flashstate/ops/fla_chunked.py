@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from flashstate.ops.chunking import FLA_CHUNK
 from flashstate.ops.pooled import gather_states, scatter_states
 from flashstate.ops.pooled_triton import states_at_exports_fused
-from flashstate.ops.varlen import FLA_CHUNK
 
 
 def varlen_setup(

@@ -13,9 +13,6 @@ from torch import Tensor
 #   → (output [L, ...], final state, {local row: state right after that row})
 SpanFn = Callable[..., tuple[Tensor, Tensor, dict[int, Tensor]]]
 
-FLA_CHUNK = 64  # the chunk length of flash-linear-attention's chunked passes
-
-
 def l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
     """x / sqrt(Σx² + eps) over the last dim (FLA's form: eps inside the root, not a clamp)."""
     return x / torch.sqrt((x * x).sum(-1, keepdim=True) + eps)

@@ -30,9 +30,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from flashstate.cache.host.tier import HostTier
 from flashstate.engine.async_engine import AsyncEngine
-from flashstate.engine.outputs import RequestOutput
+from flashstate.engine.output.request_output import RequestOutput
+from flashstate.engine.stats_snapshot import HostSnapshot
 
 _SECONDS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
             20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
@@ -103,8 +103,7 @@ class ServerMetrics:
 
 
 class _EngineCollector(Collector):
-    """Gauges and cache counters read from the engine at scrape time (plain attribute reads and copies
-    of lists and dicts, atomic under the GIL while the engine thread steps)."""
+    """Gauges and cache counters from the engine's last per-step snapshot (engine/stats_snapshot.py)."""
 
     def __init__(self, engine: AsyncEngine, model_name: str):
         self.engine = engine
@@ -112,9 +111,8 @@ class _EngineCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         llm = self.engine.engine
-        cache, config = llm.cache, llm.config
-        blocks, slots, stats = cache.block_pool, cache.state_pool, cache.stats
-        m = [self.model_name]
+        s, config, m = llm.stats, llm.config, [self.model_name]
+        stats = s.cache
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
             g = GaugeMetricFamily(name, doc, labels=["model_name"])
@@ -126,12 +124,12 @@ class _EngineCollector(Collector):
             c.add_metric(m, value)
             return c
 
-        yield gauge("vllm:num_requests_running", "Requests in the running batch.", len(llm.scheduler.running))
-        yield gauge("vllm:num_requests_waiting", "Requests waiting to run.", len(llm.scheduler.waiting))
+        yield gauge("vllm:num_requests_running", "Requests in the running batch.", s.running)
+        yield gauge("vllm:num_requests_waiting", "Requests waiting to run.", s.waiting)
         yield gauge(
             "vllm:kv_cache_usage_perc",
             "Fraction of KV blocks not free.",
-            1 - blocks.num_free / blocks.num_blocks,
+            1 - s.kv_blocks_free / max(s.kv_blocks_total, 1),
         )
         yield counter(
             "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", stats.query_tokens
@@ -166,24 +164,24 @@ class _EngineCollector(Collector):
         for reason, n in dict(stats.evictions).items():
             evictions.add_metric([*m, reason], n)
         yield evictions
-        if llm.host is not None:
-            yield from _host_metrics(llm.host, gauge, counter, m)
+        if s.host is not None:
+            yield from _host_metrics(s.host, gauge, counter, m)
         if llm.device.type == "cuda":  # a retry frees cached blocks: the device synchronises
             retries = torch.cuda.memory_stats(llm.device).get("num_alloc_retries", 0)
             yield counter("flashstate:cuda_alloc_retries", "CUDA caching-allocator retries.", retries)
-        yield gauge("flashstate:kv_blocks_total", "KV blocks in the pool.", blocks.num_blocks)
-        yield gauge("flashstate:kv_blocks_free", "KV blocks free.", blocks.num_free)
-        yield gauge("flashstate:state_slots_total", "State slots in the pool.", slots.num_slots)
-        yield gauge("flashstate:state_slots_free", "State slots free.", slots.num_free)
-        cost = getattr(getattr(cache, "policy", None), "cost", None)
-        if cost is not None:
+        yield gauge("flashstate:kv_blocks_total", "KV blocks in the pool.", s.kv_blocks_total)
+        yield gauge("flashstate:kv_blocks_free", "KV blocks free.", s.kv_blocks_free)
+        yield gauge("flashstate:state_slots_total", "State slots in the pool.", s.state_slots_total)
+        yield gauge("flashstate:state_slots_free", "State slots free.", s.state_slots_free)
+        if s.cost is not None:
+            kind, a, b = s.cost
             coef = GaugeMetricFamily(
                 "flashstate:prefill_cost_coefficient",
                 "Prefill cost C(n) = a·n + b·n² in use (seconds per token, per token²).",
                 labels=["model_name", "term", "source"],
             )
-            coef.add_metric([*m, "a", cost.kind], cost.a)  # a kind, never a path
-            coef.add_metric([*m, "b", cost.kind], cost.b)
+            coef.add_metric([*m, "a", kind], a)  # a kind, never a path
+            coef.add_metric([*m, "b", kind], b)
             yield coef
         info = GaugeMetricFamily(
             "vllm:cache_config_info",
@@ -194,7 +192,7 @@ class _EngineCollector(Collector):
             [
                 *m,
                 str(config.block_size),
-                str(blocks.num_blocks),
+                str(s.kv_blocks_total),
                 str(config.prefix_caching),
                 config.cache_policy,
             ],
@@ -203,7 +201,7 @@ class _EngineCollector(Collector):
         yield info
 
 
-def _host_metrics(host: HostTier, gauge: Callable, counter: Callable, m: list[str]) -> Iterator[Metric]:
+def _host_metrics(host: HostSnapshot, gauge: Callable, counter: Callable, m: list[str]) -> Iterator[Metric]:
     s = host.stats
     yield counter(
         "flashstate:host_cache_states_written", "States written to the host store.", s.states_written
@@ -267,7 +265,9 @@ def _host_metrics(host: HostTier, gauge: Callable, counter: Callable, m: list[st
     yield gauge(
         "flashstate:host_cache_available", "1 while the host store is reachable.", float(host.available)
     )
-    yield gauge("flashstate:host_cache_used_bytes", "Bytes of the states the host tier holds.", host.used)
+    yield gauge(
+        "flashstate:host_cache_used_bytes", "Bytes of the states the host tier holds.", host.used_bytes
+    )
     yield gauge("flashstate:host_cache_states", "States the host tier holds.", host.num_states)
     engine = CounterMetricFamily(
         "flashstate:host_cache_engine_seconds",

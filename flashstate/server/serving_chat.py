@@ -15,7 +15,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from flashstate.engine.async_engine import EngineError
-from flashstate.engine.outputs import RequestOutput
+from flashstate.engine.output.request_output import RequestOutput
 from flashstate.server.errors import bad_request
 from flashstate.server.protocol import ChatCompletionRequest, now, usage
 from flashstate.server.serving_engine import (

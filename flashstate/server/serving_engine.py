@@ -25,7 +25,7 @@ from starlette.types import Receive, Scope, Send
 
 from flashstate.config import EngineConfig
 from flashstate.engine.async_engine import AsyncEngine, EngineDeadError, EngineError
-from flashstate.engine.outputs import RequestOutput
+from flashstate.engine.output.request_output import RequestOutput
 from flashstate.engine.scheduler import RequestTooLargeError
 from flashstate.sampling_params import SamplingParams
 from flashstate.server.errors import APIError, bad_request

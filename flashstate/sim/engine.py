@@ -28,22 +28,22 @@ from flashstate.cache.memory_plan import CachePlan, plan_cache, vllm_page_pool
 from flashstate.cache.policy import build_policy
 from flashstate.cache.state_pool import StatePool
 from flashstate.config import EngineConfig
-from flashstate.engine.mixed_graphs import MixedBuckets
+from flashstate.engine.output.stop_checker import Finish
 from flashstate.engine.request_state import LENGTH
 from flashstate.engine.scheduler import ScheduledBatch, Scheduler
+from flashstate.engine.step_shapes import MixedBuckets
 from flashstate.engine.step_trace import request_row, step_shape
-from flashstate.engine.stop_checker import Finish
-from flashstate.models.hf_config import spec_from_hf
-from flashstate.models.spec import DTYPES, ModelSpec
 from flashstate.sampling_params import SamplingParams
 from flashstate.sequence import RequestStats, Sequence
 from flashstate.sim.host import SimHostTier
 from flashstate.sim.profile import DecodeModel
+from flashstate.spec.hf_config import spec_from_hf
+from flashstate.spec.model_spec import DTYPES, ModelSpec
 
 
 def model_spec(model: str) -> ModelSpec:
     """A preset name or an HF-format model directory."""
-    from flashstate.models.presets import PRESETS, preset_config
+    from flashstate.spec.preset_configs import PRESETS, preset_config
 
     return spec_from_hf(preset_config(model) if model in PRESETS else model)
 

@@ -31,7 +31,7 @@ from flashstate.cache.host.build import chunk_tokens
 from flashstate.cache.host.index import HostHit, HostIndex
 from flashstate.cache.host.layout import HostLayout
 from flashstate.cache.host.restore import RestorePhase
-from flashstate.models.spec import ModelSpec
+from flashstate.spec.model_spec import ModelSpec
 
 RESTORE_BYTES_PER_S = 3.5e9
 RESTORE_SECONDS_PER_OBJECT = 1e-3

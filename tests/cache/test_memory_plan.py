@@ -5,8 +5,8 @@ import torch
 
 from flashstate.cache.memory_plan import plan_cache
 from flashstate.config import EngineConfig
-from flashstate.models.hf_config import spec_from_hf
-from flashstate.models.spec import ModelSpec
+from flashstate.spec.hf_config import spec_from_hf
+from flashstate.spec.model_spec import ModelSpec
 
 BUDGET = 256 << 20
 

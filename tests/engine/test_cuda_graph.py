@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from flashstate import LLM, SamplingParams
-from flashstate.engine.cuda_graph import capture_sizes
+from flashstate.engine.worker.cuda_graph import capture_sizes
 
 
 def test_capture_sizes_cover_every_batch_up_to_the_largest():

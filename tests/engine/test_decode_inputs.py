@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import torch
 
-from flashstate.engine.decode_inputs import DecodeInputs
+from flashstate.engine.worker.decode_inputs import DecodeInputs
 from flashstate.layers.metadata import ForwardMetadata
 
 BLOCK = 4

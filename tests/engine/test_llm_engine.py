@@ -7,7 +7,7 @@ import pytest
 from flashstate import LLM, SamplingParams
 from flashstate.cache.cache_tensors import kv_bytes_per_block, state_bytes_per_slot
 from flashstate.engine.scheduler import RequestTooLargeError
-from flashstate.models.hf_config import spec_from_hf
+from flashstate.spec.hf_config import spec_from_hf
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 

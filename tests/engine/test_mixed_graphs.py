@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashstate.engine.mixed_graphs import MixedGraphs
 from flashstate.engine.scheduler import ScheduledBatch
+from flashstate.engine.worker.mixed_graphs import MixedGraphs
 from flashstate.sampling_params import SamplingParams
 from flashstate.sequence import Sequence
 from tests.engine.test_async_scheduling import _assert_pools_full, _assert_same, _engine, _requests, _summary

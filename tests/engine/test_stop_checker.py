@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flashstate.engine.stop_checker import Finish, IncrementalDetokenizer, StopChecker
+from flashstate.engine.output.stop_checker import Finish, IncrementalDetokenizer, StopChecker
 from flashstate.sampling_params import SamplingParams
 
 

@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from flashstate import LLM, SamplingParams
-from flashstate.engine.stop_checker import StopChecker
+from flashstate.engine.output.stop_checker import StopChecker
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from flashstate.layers.metadata import ForwardMetadata
-from flashstate.ops.varlen import FLA_CHUNK
+from flashstate.ops.chunking import FLA_CHUNK
 
 
 def test_positions_and_slots_follow_block_tables():

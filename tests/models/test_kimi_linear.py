@@ -6,9 +6,9 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
-from flashstate.models.hf_config import spec_from_hf
 from flashstate.models.kimi_linear import KimiLinearForCausalLM, MultiLatentAttention
 from flashstate.models.loader import load_model
+from flashstate.spec.hf_config import spec_from_hf
 from tests.harness import PagedHarness, assert_padding_is_inert, rel_err
 
 VOCAB = 96

@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 
 from flashstate.models.loader import CheckpointError, load_model
 from flashstate.models.presets import materialize
-from flashstate.models.spec import UnsupportedModelError
+from flashstate.spec.model_spec import UnsupportedModelError
 from tests.harness import PagedHarness
 
 

@@ -4,9 +4,9 @@ import pytest
 import torch
 import transformers
 
-from flashstate.models.hf_config import spec_from_hf
 from flashstate.models.loader import load_model
 from flashstate.models.nemotron_h import NemotronHForCausalLM
+from flashstate.spec.hf_config import spec_from_hf
 from tests.harness import PagedHarness, assert_padding_is_inert, rel_err
 
 VOCAB = 96

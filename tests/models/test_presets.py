@@ -10,19 +10,18 @@ from safetensors.torch import load_file
 
 from flashstate.default_tokenizer import DEFAULT_VOCAB_SIZE, IM_END_ID
 from flashstate.models import presets
-from flashstate.models.hf_config import spec_from_hf
 from flashstate.models.loader import load_model
 from flashstate.models.param_count import count_parameters
 from flashstate.models.presets import (
     default_model_dir,
-    list_presets,
     materialize,
     materialize_config,
-    preset_config,
     preset_dir,
     random_weights,
 )
 from flashstate.models.registry import build_model
+from flashstate.spec.hf_config import spec_from_hf
+from flashstate.spec.preset_configs import DEFAULT_PRESET, list_presets, preset_config
 from flashstate.tokenizer import Tokenizer
 from tests.harness import PagedHarness, rel_err
 
@@ -266,6 +265,6 @@ def test_preset_dir_yields_to_a_writer_that_finished_first(tmp_path, monkeypatch
 def test_default_model_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("FLASHSTATE_HOME", str(tmp_path))
     path = default_model_dir()
-    assert path.name.startswith(presets.DEFAULT_PRESET + "-")
+    assert path.name.startswith(DEFAULT_PRESET + "-")
     assert spec_from_hf(path).architecture == "Qwen3NextForCausalLM"
     assert Tokenizer.from_dir(path).vocab_size == DEFAULT_VOCAB_SIZE

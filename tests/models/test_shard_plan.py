@@ -14,10 +14,11 @@ from safetensors.torch import load_file, save_file
 from flashstate.cache.cache_tensors import CacheTensors
 from flashstate.distributed.group import attach_reduce, rank_device
 from flashstate.layers.metadata import ForwardMetadata
-from flashstate.models.hf_config import spec_from_hf
 from flashstate.models.loader import load_model
-from flashstate.models.presets import materialize_config, preset_config
+from flashstate.models.presets import materialize_config
 from flashstate.models.shard_plan import Shard, TensorParallelError, shard_spec
+from flashstate.spec.hf_config import spec_from_hf
+from flashstate.spec.preset_configs import preset_config
 
 BLOCK = 4
 

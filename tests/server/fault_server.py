@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from flashstate import cli
-from flashstate.engine.model_runner import ModelRunner
 from flashstate.engine.scheduler import Scheduler
+from flashstate.engine.worker.model_runner import ModelRunner
 
 POISON, FATAL, HOLD = 1999, 1998, 1997
 RELEASE_ENV = "FAULT_SERVER_RELEASE"

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from flashstate import envs
 from flashstate.cache.cache_tensors import CacheTensors
 from flashstate.cache.cost import PrefillCost
 from flashstate.cache.host.arena import HostArena
@@ -33,9 +32,6 @@ def host_capacity(config: EngineConfig) -> tuple[int, int]:
     return capacity, int(capacity * MOONCAKE_FILL) if config.host_tier == "mooncake" else capacity
 
 
-SECRET_ENV = "FLASHSTATE_HOST_CACHE_SECRET"
-
-
 def host_secret(config: EngineConfig) -> bytes | None:
     """The deployment secret: the contents of host_cache_secret_file (trailing newlines dropped), else the
     environment's FLASHSTATE_HOST_CACHE_SECRET, else None. ValueError for an empty one."""
@@ -44,7 +40,8 @@ def host_secret(config: EngineConfig) -> bytes | None:
             secret = f.read().rstrip(b"\r\n")
         where = config.host_cache_secret_file
     else:
-        secret, where = os.environ.get(SECRET_ENV, "").encode() or None, SECRET_ENV
+        secret = (envs.FLASHSTATE_HOST_CACHE_SECRET or "").encode() or None
+        where = "FLASHSTATE_HOST_CACHE_SECRET"
         if secret is None:
             return None
     if not secret:

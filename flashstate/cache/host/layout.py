@@ -23,7 +23,7 @@ from array import array
 import torch
 
 from flashstate.models.fingerprint import layout_fingerprint
-from flashstate.models.spec import ModelSpec
+from flashstate.spec.model_spec import ModelSpec
 
 
 def _h(*parts: bytes) -> bytes:

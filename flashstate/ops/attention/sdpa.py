@@ -12,12 +12,12 @@ path is not for CUDA graphs (decode uses the Triton kernel).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention.bias import causal_lower_right
+
+from flashstate import envs
 
 _GQA_CHOICE: dict[tuple, bool] = {}
 
@@ -25,7 +25,7 @@ _GQA_CHOICE: dict[tuple, bool] = {}
 def gqa_in_kernel(q: Tensor, k: Tensor, v: Tensor, scale: float) -> bool:
     """q: [1, Hq, L, D], k/v: [1, Hkv, L, D/Dv] (causal, L = context): whether SDPA takes the grouped
     heads directly and still runs the backend it picks for repeated heads."""
-    if os.environ.get("FLASHSTATE_SDPA_GQA", "1") == "0":
+    if not envs.FLASHSTATE_SDPA_GQA:
         return False
     key = (q.device, q.dtype, q.shape[1], k.shape[1], q.shape[-1], v.shape[-1])
     if key not in _GQA_CHOICE:

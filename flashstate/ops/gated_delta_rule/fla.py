@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from flashstate.ops.fla_chunked import FLA_CHUNK, delta_rule_inputs, export_and_scatter, varlen_setup
+from flashstate.ops.chunking import FLA_CHUNK
+from flashstate.ops.fla_chunked import delta_rule_inputs, export_and_scatter, varlen_setup
 from flashstate.ops.pooled_triton import decode_delta_rule_in_place
 
 

@@ -9,7 +9,6 @@ and exported states are windows of the same two sources, gathered before the poo
 from __future__ import annotations
 
 import inspect
-import os
 from itertools import accumulate, pairwise
 
 import torch
@@ -17,6 +16,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from flashstate import envs
 from flashstate.ops.pooled import decode_exports
 
 # Tokens per tile, channels per tile and warps, tuned per shape on the card (a 32k prefill spent ~5× the
@@ -36,7 +36,7 @@ _CONV_CONFIGS = [
 ]
 
 
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+_INTERPRETED = envs.TRITON_INTERPRET
 
 
 def _size_class(t: int) -> int:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from flashstate.ops.fla_chunked import FLA_CHUNK, export_and_scatter, varlen_setup
+from flashstate.ops.chunking import FLA_CHUNK
+from flashstate.ops.fla_chunked import export_and_scatter, varlen_setup
 from flashstate.ops.pooled import decode_exports
 from flashstate.ops.ssd.decode_triton import ssd_decode_in_place
 from flashstate.ops.ssd.naive import _delta

@@ -362,12 +362,12 @@ def _children(pid: int) -> list[int]:
 
 
 def test_the_secret_comes_from_the_file_else_the_environment(tmp_path, monkeypatch):
-    from flashstate.cache.host.build import SECRET_ENV, host_secret
+    from flashstate.cache.host.build import host_secret
     from flashstate.config import EngineConfig
 
-    monkeypatch.delenv(SECRET_ENV, raising=False)
+    monkeypatch.delenv("FLASHSTATE_HOST_CACHE_SECRET", raising=False)
     assert host_secret(EngineConfig()) is None
-    monkeypatch.setenv(SECRET_ENV, "from the environment")
+    monkeypatch.setenv("FLASHSTATE_HOST_CACHE_SECRET", "from the environment")
     assert host_secret(EngineConfig()) == b"from the environment"
     path = tmp_path / "secret"
     path.write_bytes(b"from the file\n")

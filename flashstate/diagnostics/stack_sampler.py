@@ -22,8 +22,6 @@ import threading
 import time
 from pathlib import Path
 
-ENV = "FLASHSTATE_STACK_SAMPLE"
-
 
 class StackSampler:
     def __init__(self, thread_id: int, interval: float = 0.002):

@@ -5,9 +5,9 @@ import threading
 import time
 
 from flashstate import EngineConfig, SamplingParams
-from flashstate.engine import stack_sampler
+from flashstate.diagnostics import stack_sampler
+from flashstate.diagnostics.stack_sampler import StackSampler
 from flashstate.engine.async_engine import AsyncEngine
-from flashstate.engine.stack_sampler import StackSampler
 
 
 def _spin_in_marker(stop: threading.Event) -> None:
@@ -59,7 +59,7 @@ def test_a_checkout_folder_named_flashstate_does_not_name_its_files(tmp_path):
     spec.loader.exec_module(helper)
     sampler = _sample(helper.spin)
     assert sampler.inclusive["spin_helper.py:spin"] >= 0.9 * sampler.samples, sampler.inclusive
-    assert stack_sampler._short(stack_sampler.__file__) == "flashstate/engine/stack_sampler.py"
+    assert stack_sampler._short(stack_sampler.__file__) == "flashstate/diagnostics/stack_sampler.py"
     assert stack_sampler._short(threading.__file__) == "threading.py"
     assert stack_sampler._short(asyncio.events.__file__) == "asyncio/events.py"
 

@@ -7,7 +7,7 @@ stop strings made the engine detokenise in the step loop).
 
 from __future__ import annotations
 
-from flashstate.engine.text_stream import TextStream
+from flashstate.engine.output.text_stream import TextStream
 from flashstate.sequence import RequestStats
 
 

@@ -14,16 +14,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from flashstate.engine.decode_inputs import DecodeInputs
+from flashstate.engine.step_shapes import capture_sizes
+from flashstate.engine.worker.decode_inputs import DecodeInputs
 from flashstate.models.base import HybridForCausalLM
-
-
-def capture_sizes(max_batch: int) -> list[int]:
-    """1, 2, 4, 8, then every multiple of 8 up to max_batch (vLLM's ladder, shortened)."""
-    sizes = [s for s in (1, 2, 4) if s < max_batch] + list(range(8, max_batch + 1, 8))
-    if not sizes or sizes[-1] != max_batch:
-        sizes.append(max_batch)
-    return sorted(set(sizes))
 
 
 class DecodeGraphs:

@@ -12,10 +12,11 @@ import torch
 
 from flashstate.cache.cache_tensors import CacheTensors
 from flashstate.device import upload
-from flashstate.engine.cuda_graph import DecodeGraphs
-from flashstate.engine.decode_inputs import DecodeInputs
-from flashstate.engine.mixed_graphs import MAX_CHUNKS, MixedGraphs
 from flashstate.engine.scheduler import ScheduledBatch
+from flashstate.engine.step_shapes import MAX_CHUNKS
+from flashstate.engine.worker.cuda_graph import DecodeGraphs
+from flashstate.engine.worker.decode_inputs import DecodeInputs
+from flashstate.engine.worker.mixed_graphs import MixedGraphs
 from flashstate.layers.metadata import ForwardMetadata
 from flashstate.layers.sampler import Sampler, SamplingBatch
 from flashstate.models.base import HybridForCausalLM

@@ -15,8 +15,6 @@ from typing import Any, Literal
 
 import torch
 
-from flashstate.layers.router import MoeSpec
-
 SUPPORTED_ARCHITECTURES = ("Qwen3NextForCausalLM", "NemotronHForCausalLM", "KimiLinearForCausalLM")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -114,6 +112,24 @@ class MlpSpec:
     intermediate_size: int
     act: str  # "silu" (gated SwiGLU) or "relu2" (Nemotron-H, ungated)
     bias: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class MoeSpec:
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    shared_intermediate_size: int  # 0: no shared expert
+    num_shared_experts: int
+    norm_topk_prob: bool
+    act: str
+    scoring: Literal["softmax", "sigmoid"] = "softmax"
+    routed_scaling_factor: float = 1.0
+    n_group: int = 1
+    topk_group: int = 1
+    shared_expert_gate: bool = False  # Qwen3-Next: sigmoid gate on the shared expert
+    correction_bias: bool = False  # e_score_correction_bias (DeepSeek-style routers)
+    latent_size: int | None = None  # Nemotron-H: routed experts run in a projected latent space
 
 
 @dataclass(frozen=True, slots=True)

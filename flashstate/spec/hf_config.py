@@ -9,8 +9,7 @@ from typing import Any
 
 import torch
 
-from flashstate.layers.router import MoeSpec
-from flashstate.models.spec import (
+from flashstate.spec.model_spec import (
     DTYPES,
     SUPPORTED_ARCHITECTURES,
     AttentionSpec,
@@ -18,6 +17,7 @@ from flashstate.models.spec import (
     LinearSpec,
     MlpSpec,
     ModelSpec,
+    MoeSpec,
     UnsupportedModelError,
 )
 

@@ -20,7 +20,7 @@ import threading
 from collections import deque
 from typing import Protocol
 
-from flashstate.engine.stop_checker import StopChecker
+from flashstate.engine.output.stop_checker import StopChecker
 
 
 class _Resolvable(Protocol):

@@ -25,15 +25,13 @@ from torch import Tensor
 
 from flashstate.cache.cache_tensors import CacheTensors
 from flashstate.device import upload
-from flashstate.engine.cuda_graph import capture_sizes
 from flashstate.engine.scheduler import ScheduledBatch
+from flashstate.engine.step_shapes import PREFILL_SIZES, MixedBuckets, chunk_lens
 from flashstate.layers.metadata import ForwardMetadata
 from flashstate.models.base import HybridForCausalLM
+from flashstate.ops.chunking import FLA_CHUNK
 from flashstate.ops.fla_cache import fla_tensor_cache_off
-from flashstate.ops.varlen import FLA_CHUNK
 
-PREFILL_SIZES = (64, 128, 256, 512, 1024, 2048)  # multiples of FLA_CHUNK: a bucket's chunk count is fixed
-MAX_CHUNKS = 3  # prefill chunks in one bucket
 # what changes from one step to the next in a bucket's metadata (with the block tables); the rest is its shape
 _PER_STEP = (
     "cu_seqlens",
@@ -55,64 +53,6 @@ class _Bucket:
     meta: ForwardMetadata  # fixed-shape tensors the forward reads
     logits: Tensor | None = None  # [B + K, V] fp32, the captured output
     graph: torch.cuda.CUDAGraph | None = None
-
-
-class MixedBuckets:
-    """The (B, K, T) shapes mixed steps are padded to, and the one a batch takes (shapes alone: the
-    simulator asks it too)."""
-
-    def __init__(
-        self,
-        block_size: int,
-        max_blocks_per_seq: int,
-        max_decode: int,
-        prefill_sizes: tuple[int, ...] = PREFILL_SIZES,
-    ):
-        if any(t % FLA_CHUNK for t in prefill_sizes):
-            raise ValueError(f"prefill sizes must be multiples of {FLA_CHUNK}, got {prefill_sizes}")
-        self.block_size = block_size
-        self.width = max_blocks_per_seq
-        self.decode_sizes = capture_sizes(max_decode)
-        # a chunk longer than the widest block table never runs (nor may a capture's pad chunk address it)
-        self.prefill_sizes = sorted(t for t in prefill_sizes if -(-t // block_size) <= max_blocks_per_seq)
-
-    def keys(self) -> list[tuple[int, int, int]]:
-        """Every bucket: K chunks of at least FLA_CHUNK tokens each fit in T."""
-        return [
-            (b, k, t)
-            for b in self.decode_sizes
-            for t in self.prefill_sizes
-            for k in range(1, min(MAX_CHUNKS, t // FLA_CHUNK) + 1)
-        ]
-
-    def bucket(self, batch: ScheduledBatch) -> tuple[int, int, int] | None:
-        """(B, K, T) of a batch with no exports, K ≤ MAX_CHUNKS rows of more than one token whose padded
-        lengths fit the largest prefill size, and at most the largest decode size of one-token rows; None
-        for any other."""
-        chunks = [i for i, n in enumerate(batch.num_tokens) if n > 1]
-        k = len(chunks)
-        if batch.exports or not 1 <= k <= MAX_CHUNKS:
-            return None
-        need = sum(_padded_len(batch.num_tokens[i]) for i in chunks[:-1]) + batch.num_tokens[chunks[-1]]
-        t = next((s for s in self.prefill_sizes if s >= max(need, k * FLA_CHUNK)), None)
-        b = next((s for s in self.decode_sizes if s >= max(len(batch) - k, 1)), None)
-        if t is None or b is None:
-            return None
-        lens = _chunk_lens([batch.num_tokens[i] for i in chunks], t)
-        for i, n in zip(chunks, lens, strict=True):
-            if -(-(batch.seqs[i].num_computed_tokens + n) // self.block_size) > self.width:
-                return None  # the pads would run past the widest block table
-        return b, k, t
-
-
-def _padded_len(n: int) -> int:
-    return -(-n // FLA_CHUNK) * FLA_CHUNK
-
-
-def _chunk_lens(counts: list[int], t: int) -> list[int]:
-    """The padded lengths of a bucket's chunks: whole FLA chunks each, the last taking the rest of T."""
-    head = [_padded_len(n) for n in counts[:-1]]
-    return [*head, t - sum(head)]
 
 
 class MixedGraphs(MixedBuckets):
@@ -158,11 +98,11 @@ class MixedGraphs(MixedBuckets):
         self, batch: ScheduledBatch, order: list[int], b: int, k: int, t: int
     ) -> tuple[Tensor, ForwardMetadata]:
         """The batch's one-token rows, pad rows up to B (token 0 at position 0 into the pad block and slot),
-        then its K chunks padded (`_chunk_lens`): input ids and metadata."""
+        then its K chunks padded (`chunk_lens`): input ids and metadata."""
         pad_block, fill, ones = self.caches.pad_block, b - (len(order) - k), len(order) - k
         seqs = [batch.seqs[i] for i in order]
         counts = [batch.num_tokens[i] for i in order]
-        pads = [0] * b + [n - c for n, c in zip(_chunk_lens(counts[ones:], t), counts[ones:], strict=True)]
+        pads = [0] * b + [n - c for n, c in zip(chunk_lens(counts[ones:], t), counts[ones:], strict=True)]
 
         def rows(values: list, pad_row: object) -> list:
             return [*values[:ones], *[pad_row] * fill, *values[ones:]]
@@ -187,7 +127,7 @@ class MixedGraphs(MixedBuckets):
     def _new_bucket(self, b: int, k: int, t: int) -> _Bucket:
         """Buffers for (B, K, T), holding a batch of pad rows and all-pad chunks (a valid forward)."""
         pad_block = self.caches.pad_block
-        lens = [1] * b + _chunk_lens([FLA_CHUNK] * k, t)
+        lens = [1] * b + chunk_lens([FLA_CHUNK] * k, t)
         tables = [[pad_block] * -(-n // self.block_size) for n in lens]
         slots = [self.caches.pad_slot] * (b + k)
         meta = ForwardMetadata.build(

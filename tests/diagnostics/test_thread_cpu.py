@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from flashstate.engine.thread_cpu import describe, thread_cpu_seconds
+from flashstate.diagnostics.thread_cpu import describe, thread_cpu_seconds
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
