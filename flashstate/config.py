@@ -1,95 +1,235 @@
-"""EngineConfig: every engine flag, once. Frozen; derived runtime numbers live on the objects that compute
-them (CachePlan, Scheduler)."""
+"""EngineConfig: every engine setting, once. Frozen; derived runtime numbers live on the objects that compute
+them (CachePlan, Scheduler). Each field made by `flag` is also the command-line flag `--field-name` (args.py
+builds the parser from these fields): its help, group, default and, through the annotation, its type and
+choices (a `Literal`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-_DTYPES = ("auto", "float32", "bfloat16", "float16")
-CACHE_POLICIES = ("flashstate", "vllm", "sglang", "none")
-EVICTIONS = ("gds", "lru")
-HOST_CACHES = (None, "memory", "mooncake")
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+CachePolicy = Literal["flashstate", "vllm", "sglang", "none"]
+Eviction = Literal["gds", "lru"]
+HostCache = Literal["memory", "mooncake"]
+PrefillOrder = Literal["fifo", "arrivals-first"]
+CheckpointPlacement = Literal["asc", "aligned"]
+
+CACHE_POLICIES: tuple[str, ...] = get_args(CachePolicy)
+
+INTERNAL = {
+    "internal": True
+}  # metadata of a field that is not a flag: `field(default=..., metadata=INTERNAL)`
 
 
-PREFILL_ORDERS = ("fifo", "arrivals-first")
+def flag(
+    default: Any,
+    help: str,
+    *,
+    group: str,
+    shown: str | None = None,
+    metavar: str | tuple[str, ...] | None = None,
+    aliases: tuple[str, ...] = (),
+    size: bool = False,
+    value_aliases: dict[str, str] | None = None,
+) -> Any:
+    """A field that is the flag `--field-name` too. `group`: its argparse group; `shown`: what --help says
+    the default is, where the value alone says too little (what None stands for); `aliases`: more option
+    strings; `size`: an int that takes vLLM's human-readable forms (`32k`, `8Gi`); `value_aliases`: other
+    spellings of a choice."""
+    metadata = {"help": help, "group": group, "shown": shown, "metavar": metavar, "aliases": aliases}
+    metadata |= {"size": size, "value_aliases": value_aliases or {}}
+    return field(default=default, metadata=metadata)
+
+
+_engine = partial(flag, group="engine")
+_cache = partial(flag, group="prefix cache")  # DESIGN.md §2–3
+_host = partial(flag, group="host tier")  # DESIGN.md §2.3
+_server = partial(flag, group="server")
 
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    model: str | None = None  # HF-format directory; None: the embedded default
-    tokenizer: str | None = None  # default: the model directory
-    dtype: str = "auto"  # auto: the checkpoint's dtype
-    device: str = "auto"  # auto: cuda when available, else cpu
-    seed: int = 0
-    max_model_len: int | None = None  # default: the model's max_position_embeddings
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    long_prefill_token_threshold: int = 0  # a longer prefill takes at most this many tokens a step (0: off)
-    # "fifo" (vLLM's): running sequences' chunks, then admissions; "arrivals-first": decodes, admissions, then
-    # running prefills, shortest remaining first, with the budget left. None: arrivals-first for the
-    # flashstate policy, fifo for the policies that stand for other engines.
-    prefill_order: str | None = None
-    block_size: int = 16
-    kv_cache_memory_bytes: int | None = None  # KV + state budget; default from gpu_memory_utilization
-    gpu_memory_utilization: float = 0.9
-    cpu_cache_memory_bytes: int = 512 << 20  # budget on CPU when kv_cache_memory_bytes is unset
-    # Share of the budget held back for checkpoint slots (a fixed split). None: the policy's own — flashstate
-    # draws KV blocks and checkpoints from one byte budget, sglang splits 0.25 (SGLang's separate state pool).
-    state_cache_fraction: float | None = None
-    enable_prefix_caching: bool = True
-    # Prefix cache (DESIGN.md §2–3).
-    cache_policy: str = "flashstate"  # flashstate | vllm | sglang | none
-    mamba_frontier_checkpoint: bool = True  # checkpoint the hybrid state at each request's end
-    mamba_prefill_export: bool = True  # export planned checkpoints from inside prefill chunks
-    prefix_cache_eviction: str | None = None  # gds | lru; None: the policy's own (flashstate: gds)
-    prefill_cost_coefficients: tuple[float, float] | None = None  # C(n) = a·n + b·n²; None: calibrate
-    calibration_cache_dir: str | None = None  # default ~/.cache/flashstate/calibration
-    prefix_cache_leaf_last: bool = True  # protect recently active session frontiers
-    prefix_cache_leaf_idle_seconds: float = 60.0
-    mamba_block_size: int | None = None  # vllm policy: checkpoint block; None: derived like vLLM
-    # flashstate policy: asc (any position) | aligned (vLLM's block-aligned placement, for ablations)
-    mamba_checkpoint_placement: str = "asc"
-    # Host tier (DESIGN.md §2.3): None (off) | memory (embedded store) | mooncake (mooncake_master store).
-    host_cache: str | None = None
-    host_cache_bytes: int | None = None  # host tier capacity (alone: turns the memory tier on); None: 4 GiB
-    # tokens of KV per shared chunk object (rounded down to whole blocks, at least one): fewer, larger objects
-    # make a restore fewer store reads and checksums; smaller ones share more between branching states
-    host_chunk_tokens: int = 1024
-    mooncake_master: str | None = None  # HOST:PORT of a running mooncake_master (host_cache="mooncake")
-    # the in-process store's restores are read and verified on the engine thread at admission, and the
-    # sequence joins the step that admits it (a step sooner); no effect on Mooncake's, read in the background
-    host_inline_fetch: bool = True
-    # seconds any one host-store call may take (Mooncake): past it the store counts as down (an outage, probed
-    # in the background), so a hung master stalls the engine thread at most this long once per outage
-    host_cache_timeout: float = 5.0
-    # a file holding the deployment secret: every host object carries a MAC under it, and one that does not
-    # verify is a miss (env FLASHSTATE_HOST_CACHE_SECRET when unset); without one, trust the store's network
-    host_cache_secret_file: str | None = None
-    # Server.
-    host: str = "127.0.0.1"
-    port: int = 8000
-    served_model_name: str | None = None
-    # keys any of which /v1/* accept (a str is one key); None: no key
-    api_key: tuple[str, ...] | str | None = None
-    # each API key's requests are a cache tenant: their prefix-cache hits (GPU and host) only come from
-    # requests made with the same key (and the same cache_salt, if they send one)
-    api_key_cache_isolation: bool = False
-    max_waiting_requests: int = 1024  # beyond this the server answers 503
-    # /health answers 503 while the engine thread has had work and no finished step for this long
-    engine_stall_seconds: float = 60.0
-    # Python's GIL switch interval in the server (Python's default is 5 ms): a thread that released the GIL
-    # (the event loop after a socket write, a host-tier fetch after a checksum) waits up to this long for the
-    # engine thread to give it back.
-    gil_switch_interval_ms: float = 1.0
-    tensor_parallel_size: int = 1  # ranks (GPUs: cuda:k..k+N-1) the model's heads are split over
-    enforce_eager: bool = False  # no CUDA graphs (decode steps, and mixed steps unless asked for)
-    # a mixed step with a few short chunks runs padded, as a CUDA graph (None: where decode steps are graphed)
-    mixed_step_graphs: bool | None = None
-    # Pure-decode steps: launch step n+1 before reading step n's tokens (the engine falls back to synchronous
-    # steps whenever that could change what is computed: stop strings, admissions, preemption...).
-    async_scheduling: bool = True
-    step_trace: str | None = None  # a file that gets one JSON line per engine step
-    max_request_body_bytes: int = 32 << 20  # larger request bodies get 413
+    model: str | None = _engine(None, "HF-format model directory", shown="the embedded tiny model")
+    tokenizer: str | None = _engine(None, "tokenizer directory", shown="the model directory")
+    dtype: Dtype = _engine(
+        "auto",
+        "weight and activation dtype; auto: the checkpoint's; half and float are accepted aliases",
+        value_aliases={"half": "float16", "float": "float32"},
+    )
+    device: str = _engine("auto", "auto (cuda when present), cpu or cuda[:N]")
+    seed: int = _engine(0, "global random seed")
+    max_model_len: int | None = _engine(
+        None, "longest prompt + output in tokens", shown="the model's max_position_embeddings", size=True
+    )
+    max_num_seqs: int = _engine(64, "most requests running at once")
+    max_num_batched_tokens: int = _engine(
+        2048, "token budget of one step: prefill chunks + decodes", size=True
+    )
+    long_prefill_token_threshold: int = _engine(
+        0,
+        "a request with more prompt tokens left than this prefills at most this many a step, leaving the "
+        "budget to shorter ones; 0: off",
+        size=True,
+    )
+    prefill_order: PrefillOrder | None = _engine(
+        None,
+        "fifo (vLLM's): running requests' prefill chunks before admitting new ones; arrivals-first: decodes, "
+        "then admissions, then running prefills shortest remaining first with the budget left, so a long "
+        "prefill never holds arrivals or short prefills back",
+        shown="arrivals-first for --cache-policy flashstate, else fifo",
+    )
+    block_size: int = _engine(16, "tokens per KV block")
+    kv_cache_memory_bytes: int | None = _engine(
+        None,
+        "bytes for KV blocks + state slots",
+        shown="from --gpu-memory-utilization on GPU, --cpu-cache-memory-bytes on CPU",
+        size=True,
+    )
+    gpu_memory_utilization: float = _engine(0.9, "fraction of GPU memory the engine may use")
+    cpu_cache_memory_bytes: int = _engine(
+        512 << 20, "cache budget on CPU when --kv-cache-memory-bytes is unset", size=True
+    )
+    state_cache_fraction: float | None = _engine(  # sglang's 0.25: SGLang's separate state pool
+        None,
+        "a fixed share of the cache budget for checkpoint slots",
+        shown="the policy's own: flashstate draws KV blocks and checkpoints from one shared budget, sglang "
+        "holds back 0.25",
+    )
+    tensor_parallel_size: int = _engine(  # ranks on cuda:k..k+N-1
+        1,
+        "GPUs to split the model's heads over (one process per GPU; on CPU, gloo processes)",
+        aliases=("-tp",),
+    )
+    enforce_eager: bool = _engine(
+        False,
+        "run every step eagerly (no CUDA graphs: neither decode steps nor, unless --mixed-step-graphs, mixed "
+        "steps)",
+    )
+    mixed_step_graphs: bool | None = _engine(
+        None,
+        "run a mixed step with up to 3 prefill chunks of up to 2,048 tokens in all padded to fixed shapes, "
+        "replayed as a CUDA graph",
+        shown="on CUDA unless --enforce-eager; on the CPU the padded step runs eagerly, for tests",
+    )
+    # The engine falls back to synchronous steps whenever that could change what is computed: stop strings,
+    # admissions, preemption...
+    async_scheduling: bool = _engine(
+        True, "prepare and launch the next decode step while the current one runs on the device"
+    )
+    step_trace: str | None = _engine(
+        None,
+        "append one JSON line per engine step to PATH (start, duration, prefill tokens, decodes, queue)",
+        metavar="PATH",
+    )
+
+    enable_prefix_caching: bool = _cache(True, "reuse the hybrid state of earlier prompts' prefixes")
+    cache_policy: CachePolicy = _cache(
+        "flashstate",
+        "admission + eviction behaviour: flashstate (this project), vllm (align-mode blocks, LRU), sglang "
+        "(MambaRadixCache), none",
+    )
+    mamba_frontier_checkpoint: bool = _cache(
+        True, "checkpoint the hybrid state at each finished request's end"
+    )
+    mamba_prefill_export: bool = _cache(
+        True, "export planned checkpoints (message ends, branch points) from inside prefill chunks"
+    )
+    prefix_cache_eviction: Eviction | None = _cache(
+        None,
+        "eviction order: gds (prefill seconds saved per byte) or lru",
+        shown="the policy's own; flashstate: gds",
+    )
+    prefill_cost_coefficients: tuple[float, float] | None = _cache(
+        None,
+        "prefill cost C(n) = A·n + B·n² seconds",
+        shown="calibrated on this hardware and model",
+        metavar=("A", "B"),
+    )
+    calibration_cache_dir: str | None = _cache(
+        None, "where calibrated coefficients are cached", shown="~/.cache/flashstate/calibration"
+    )
+    prefix_cache_leaf_last: bool = _cache(True, "evict the frontiers of recently active sessions last")
+    prefix_cache_leaf_idle_seconds: float = _cache(
+        60.0, "a session frontier idle longer than this loses its protection"
+    )
+    mamba_checkpoint_placement: CheckpointPlacement = _cache(
+        "asc",
+        "flashstate policy: checkpoints at any position (asc) or only at vLLM's block boundaries (aligned: "
+        "the last one inside each prompt and the junction; for ablations)",
+    )
+    mamba_block_size: int | None = _cache(
+        None, "vllm policy: checkpoint block in tokens", shown="derived as vLLM's align mode does"
+    )
+
+    host_cache: HostCache | None = _host(
+        None,
+        "write finished hybrid states back to host memory: memory (embedded store) or mooncake (a Mooncake "
+        "store; see --mooncake-master)",
+        shown="off",
+    )
+    host_cache_bytes: int | None = _host(
+        None,
+        "host tier capacity in bytes; alone, turns on the memory tier; for mooncake, the memory this engine "
+        "lends to the store's pool",
+        shown="4Gi with a tier",
+        size=True,
+    )
+    host_chunk_tokens: int = _host(  # at least one block; fewer objects: fewer store reads and checksums
+        1024,
+        "tokens of KV per shared chunk object in the host tier, rounded down to whole blocks; larger: fewer "
+        "objects per restore, less sharing between branching states",
+    )
+    host_inline_fetch: bool = _host(  # Mooncake's restores are read in the background
+        True,
+        "read and verify a restore from the in-process store on the engine thread when the request is "
+        "admitted, so it runs in that very step rather than the next; no effect on the mooncake store",
+    )
+    host_cache_timeout: float = _host(  # a hung master stalls the engine thread this long once per outage
+        5.0,
+        "deadline of any one host-store call: past it the store counts as down, serving goes on from the GPU "
+        "cache and the store is probed in the background until it answers",
+        metavar="SECONDS",
+    )
+    host_cache_secret_file: str | None = _host(
+        None,
+        "deployment secret: every host-tier object carries an HMAC-SHA256 under it, and one that does not "
+        "verify is a miss; without a secret, a shared store must be on a trusted network",
+        shown="env FLASHSTATE_HOST_CACHE_SECRET",
+        metavar="PATH",
+    )
+    mooncake_master: str | None = _host(
+        None, "address of a running mooncake_master (with --host-cache mooncake)", metavar="HOST:PORT"
+    )
+
+    host: str = _server("127.0.0.1", "address to bind")
+    port: int = _server(8000, "port to bind")
+    served_model_name: str | None = _server(
+        None, "model name in the API", shown="the --model path, or flashstate-tiny for the default"
+    )
+    api_key: tuple[str, ...] | str | None = _server(  # a str is one key
+        None,
+        "require 'Authorization: Bearer KEY' on /v1/*, KEY any of those given",
+        shown="the FLASHSTATE_API_KEY or VLLM_API_KEY environment variable, else no key",
+        metavar="KEY",
+    )
+    api_key_cache_isolation: bool = _server(
+        False,
+        "each API key is a cache tenant: a request's prefix-cache hits (GPU and host tier) come only from "
+        "requests made with the same key (and cache_salt), whatever salt the client sends",
+    )
+    engine_stall_seconds: float = _server(
+        60.0, "/health answers 503 while the engine has had work and finished no step for this long"
+    )
+    max_waiting_requests: int = _server(1024, "requests queued beyond this get 503")
+    gil_switch_interval_ms: float = _server(
+        1.0,
+        "Python's GIL switch interval in the server: how long a thread that gave up the GIL (the event loop, "
+        "a host-tier fetch) may wait for the busy engine thread to hand it back (Python: 5)",
+    )
+    max_request_body_bytes: int = _server(32 << 20, "larger request bodies get 413", size=True)
 
     @property
     def prefix_caching(self) -> bool:
@@ -137,27 +277,16 @@ class EngineConfig:
             raise ValueError(
                 f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}"
             )
-        if self.prefill_order not in (None, *PREFILL_ORDERS):
-            raise ValueError(
-                f"prefill_order must be one of {', '.join(PREFILL_ORDERS)}, got {self.prefill_order!r}"
-            )
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.cache_policy not in CACHE_POLICIES:
-            raise ValueError(
-                f"cache_policy must be one of {', '.join(CACHE_POLICIES)}, got {self.cache_policy!r}"
-            )
-        if self.prefix_cache_eviction is not None and self.prefix_cache_eviction not in EVICTIONS:
-            raise ValueError(
-                f"prefix_cache_eviction must be one of {', '.join(EVICTIONS)}, "
-                f"got {self.prefix_cache_eviction!r}"
-            )
-        if self.mamba_checkpoint_placement not in ("asc", "aligned"):
+        if self.mamba_checkpoint_placement not in get_args(CheckpointPlacement):
             raise ValueError(
                 f"mamba_checkpoint_placement must be asc or aligned, got {self.mamba_checkpoint_placement!r}"
             )
+        for name, values in FIELD_CHOICES.items():
+            if getattr(self, name) not in values:
+                choices = ", ".join(map(str, values))
+                raise ValueError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.mamba_checkpoint_placement == "aligned" and self.cache_policy != "flashstate":
             raise ValueError("mamba_checkpoint_placement aligned is for the flashstate policy")
         if self.cache_policy == "vllm" and self.prefix_cache_eviction == "gds":
@@ -194,8 +323,6 @@ class EngineConfig:
             raise ValueError(f"state_cache_fraction must be in [0, 1), got {self.state_cache_fraction}")
 
     def _check_host_tier(self) -> None:
-        if self.host_cache not in HOST_CACHES:
-            raise ValueError(f"host_cache must be memory, mooncake or None, got {self.host_cache!r}")
         if self.host_tier is not None and not self.prefix_caching:
             raise ValueError("the host tier (host_cache, host_cache_bytes) needs prefix caching on")
         if self.host_tier is not None and self.cache_policy == "vllm":
@@ -213,3 +340,15 @@ class EngineConfig:
         host, _, port = self.mooncake_master.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"mooncake_master must be HOST:PORT, got {self.mooncake_master!r}")
+
+
+def _choices(hint: Any) -> tuple[Any, ...]:
+    """A Literal annotation's values, None among them where the annotation allows it; () for any other."""
+    arms = get_args(hint) if get_origin(hint) in (Union, UnionType) else (hint,)
+    values = tuple(v for arm in arms if get_origin(arm) is Literal for v in get_args(arm))
+    return (*values, None) if values and type(None) in arms else values
+
+
+FIELD_CHOICES: dict[str, tuple[Any, ...]] = {
+    name: values for name, hint in get_type_hints(EngineConfig).items() if (values := _choices(hint))
+}
