@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 
+from flashstate import envs
 from flashstate.args import add_cache_args, add_engine_args, add_server_args, config_from_args
 from flashstate.config import EngineConfig
 
@@ -70,7 +70,8 @@ def _resolve(args: argparse.Namespace) -> EngineConfig:
             raise ValueError(f"two models given: {args.model_tag!r} and --model {args.model!r}")
         args.model = args.model_tag
     if args.command == "serve" and args.api_key is None:
-        args.api_key = os.environ.get("FLASHSTATE_API_KEY") or os.environ.get("VLLM_API_KEY") or None
+        key = envs.FLASHSTATE_API_KEY or envs.VLLM_API_KEY
+        args.api_key = key
     return config_from_args(args)
 
 

@@ -340,6 +340,16 @@ class Scheduler:
             sampled.append(seq)
         return sampled
 
+    def run_decodes(self, k: int, sample: Callable[[Sequence], int]) -> None:
+        """`k` decode steps of every running sequence at once, each appending `sample(seq)`: the simulator's
+        folded decode run. The caller has checked what makes it equal to k steps through
+        `update_from_output`: nothing waits, no sequence reaches its last token, the blocks are free."""
+        for seq in self.running:
+            if not self.cache.allocate(seq, k):
+                raise AssertionError(f"no KV blocks for {k} decode steps of {seq.request_id}")
+            seq.num_computed_tokens += k
+            seq.token_ids.extend(sample(seq) for _ in range(k))
+
     def abandon_step(self) -> None:
         """After a failed step: the slots of the checkpoints it was exporting go back (LLMEngine.recover)."""
         self.cache.abandon_exports()

@@ -218,11 +218,7 @@ class SimEngine:
         need = sum(max(pool.blocks_for(s.num_computed_tokens + k) - len(s.block_table), 0) for s in running)
         if need > self.cache.num_free_blocks:
             return None
-        for seq in running:
-            self.cache.allocate(seq, k)
-            seq.num_computed_tokens += k
-            rng = self._requests[id(seq)].rng
-            seq.token_ids.extend(rng.randrange(self._max_token_id) for _ in range(k))
+        sched.run_decodes(k, lambda seq: self._requests[id(seq)].rng.randrange(self._max_token_id))
         self.busy = True
         self.steps += k
         self.busy_seconds += seconds
