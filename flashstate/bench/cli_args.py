@@ -15,7 +15,7 @@ from flashstate.bench.cost import Prices
 from flashstate.config import CACHE_POLICIES
 
 
-def _workload_args(p: argparse.ArgumentParser) -> None:
+def workload_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workload")
     g.add_argument(
         "--workload",
@@ -44,7 +44,7 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0, help="prompt content, session order and synthetic draws")
 
 
-def _replay_args(p: argparse.ArgumentParser) -> None:
+def replay_args(p: argparse.ArgumentParser) -> None:
     d = ReplayConfig()
     g = p.add_argument_group("replay")
     g.add_argument("--agents", type=int, default=8, help="concurrent agent lanes")
@@ -92,7 +92,7 @@ def _replay_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--max-output-tokens", type=int, default=None, help="cap max_tokens of a request")
 
 
-def _cost_args(p: argparse.ArgumentParser) -> None:
+def cost_args(p: argparse.ArgumentParser) -> None:
     d = Prices()
     g = p.add_argument_group("cost view (defaults: see flashstate/bench/cost.py)")
     g.add_argument("--gpu-price-per-hour", type=float, default=d.gpu_per_hour, help="$ per GPU-hour")
@@ -103,7 +103,7 @@ def _cost_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--price-output", type=float, default=d.output_per_m, help="$ per M output tokens")
 
 
-def _compare_args(cmp: argparse.ArgumentParser) -> None:
+def compare_args(cmp: argparse.ArgumentParser) -> None:
     cmp.add_argument(
         "--policies", default="flashstate,vllm", help=f"comma-separated, from {', '.join(CACHE_POLICIES)}"
     )
@@ -145,10 +145,10 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
         description="`bench compare` with demo defaults: "
         + ", ".join(f"{k.replace('_', '-')}={v}" for k, v in DEMO_DEFAULTS.items() if k != "bench_command"),
     )
-    _compare_args(demo)
-    _workload_args(demo)
-    _replay_args(demo)
-    _cost_args(demo)
+    compare_args(demo)
+    workload_args(demo)
+    replay_args(demo)
+    cost_args(demo)
     demo.add_argument("--out", default=None, help="output directory (default: bench-results/<UTC time>)")
     demo.set_defaults(**DEMO_DEFAULTS)
 
@@ -160,11 +160,11 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL")
     run.add_argument("--label", default="run", help="name of this run in the report")
     cmp = bsub.add_parser("compare", help="one fresh server per cache policy, same workload, one report")
-    _compare_args(cmp)
+    compare_args(cmp)
     for p in (run, cmp):
-        _workload_args(p)
-        _replay_args(p)
-        _cost_args(p)
+        workload_args(p)
+        replay_args(p)
+        cost_args(p)
         p.add_argument("--out", default=None, help="output directory (default: bench-results/<UTC time>)")
     report = bsub.add_parser(
         "report", help="one report (tables, compare.json, plots) over result files of separate runs"

@@ -31,7 +31,7 @@ from flashstate.lifeline import Terminated, terminate_on_signals
 Workload = Callable[[], list[Session] | Iterator[Session]]
 
 
-def _make_workload(args: argparse.Namespace) -> tuple[Workload, dict[str, Any], Callable[[], list[Session]]]:
+def make_workload(args: argparse.Namespace) -> tuple[Workload, dict[str, Any], Callable[[], list[Session]]]:
     """(factory giving the same sessions on each call, description, a sample for --length-scale auto)."""
     if args.workload == "synthetic":
         cfg = SYNTHETIC_DEFAULT
@@ -66,7 +66,9 @@ def _server_max_len(url: str) -> int | None:
         return None
 
 
-def _scale(args: argparse.Namespace, sample: Callable[[], list[Session]], url: str | None) -> dict[str, Any]:
+def length_scale_for(
+    args: argparse.Namespace, sample: Callable[[], list[Session]], url: str | None
+) -> dict[str, Any]:
     auto = args.length_scale == "auto"
     if auto:
         max_context = args.max_context or (url and _server_max_len(url))
@@ -90,7 +92,7 @@ def _scale(args: argparse.Namespace, sample: Callable[[], list[Session]], url: s
     }
 
 
-def _replay_config(args: argparse.Namespace, scale: dict[str, Any], url: str) -> ReplayConfig:
+def replay_config_from_args(args: argparse.Namespace, scale: dict[str, Any], url: str) -> ReplayConfig:
     return ReplayConfig(
         base_url=url.rstrip("/"),
         model=args.served_model,
@@ -116,17 +118,19 @@ def _replay_config(args: argparse.Namespace, scale: dict[str, Any], url: str) ->
     )
 
 
-def _prices(args: argparse.Namespace) -> Prices:
+def prices_from_args(args: argparse.Namespace) -> Prices:
     return Prices(args.gpu_price_per_hour, args.price_input, args.price_cached_input, args.price_output)
 
 
-def _out_dir(args: argparse.Namespace) -> Path:
+def out_dir_from_args(args: argparse.Namespace) -> Path:
     if args.out:
         return Path(args.out)
     return Path("bench-results") / dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
 
 
-def _finish(results: dict[str, dict[str, Any]], out: Path, reference: str | None, title: str) -> int:
+def write_and_print_report(
+    results: dict[str, dict[str, Any]], out: Path, reference: str | None, title: str
+) -> int:
     files = write_report(out, results, reference, title)
     print(markdown(results, reference, title))
     print(f"wrote {', '.join(str(p) for p in files.values())}", file=sys.stderr)
@@ -134,29 +138,31 @@ def _finish(results: dict[str, dict[str, Any]], out: Path, reference: str | None
 
 
 def _run(args: argparse.Namespace) -> int:
-    workload, info, sample = _make_workload(args)
+    workload, info, sample = make_workload(args)
     if args.bench_command == "run":
-        scale = _scale(args, sample, args.url)
-        run = replay(_replay_config(args, scale, args.url), workload())
-        result = build_result(run, args.label, info, scale, _prices(args))
-        return _finish({args.label: result}, _out_dir(args), None, "flashstate bench run")
-    variants = _variants(args.policies, getattr(args, "variant", None) or [])
+        scale = length_scale_for(args, sample, args.url)
+        run = replay(replay_config_from_args(args, scale, args.url), workload())
+        result = build_result(run, args.label, info, scale, prices_from_args(args))
+        return write_and_print_report(
+            {args.label: result}, out_dir_from_args(args), None, "flashstate bench run"
+        )
+    variants = parse_variants(args.policies, getattr(args, "variant", None) or [])
     names = [v.name for v in variants]
     reference = args.reference or ("vllm" if "vllm" in names else names[-1])
     if reference not in names:
         raise ValueError(f"--reference {reference!r} is none of the compared runs: {', '.join(names)}")
-    scale = _scale(args, sample, None)
+    scale = length_scale_for(args, sample, None)
     serve_args = (("--model", args.model) if args.model else ()) + tuple(shlex.split(args.serve_args))
     spec = ServerSpec(serve_args, args.server_timeout)
-    out = _out_dir(args)
+    out = out_dir_from_args(args)
     try:
         results = run_compare(
             variants,
-            _replay_config(args, scale, "http://127.0.0.1"),
+            replay_config_from_args(args, scale, "http://127.0.0.1"),
             workload,
             info,
             scale,
-            _prices(args),
+            prices_from_args(args),
             spec,
             out,
             log=lambda m: print(m, file=sys.stderr),
@@ -164,10 +170,10 @@ def _run(args: argparse.Namespace) -> int:
     except ServerError as e:
         print(f"flashstate bench: {e}", file=sys.stderr)
         return 1
-    return _finish(results, out, reference, f"flashstate bench compare: {', '.join(names)}")
+    return write_and_print_report(results, out, reference, f"flashstate bench compare: {', '.join(names)}")
 
 
-def _variants(policies: str, specs: list[str]) -> list[Variant]:
+def parse_variants(policies: str, specs: list[str]) -> list[Variant]:
     """`--policies a,b` plus each `--variant "NAME=POLICY [serve flags]"`, names unique."""
     out = [Variant(p.strip(), p.strip()) for p in policies.split(",") if p.strip()]
     for spec in specs:
@@ -205,7 +211,7 @@ def _report(args: argparse.Namespace) -> int:
     reference = args.reference or ("vllm" if "vllm" in names else names[-1])
     if reference not in names:
         raise ValueError(f"--reference {reference!r} is none of the results: {', '.join(names)}")
-    return _finish(results, Path(args.out), reference, args.title)
+    return write_and_print_report(results, Path(args.out), reference, args.title)
 
 
 def _result_files(given: Path) -> list[Path]:

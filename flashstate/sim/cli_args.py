@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from flashstate.bench.cli_args import _compare_args, _cost_args, _replay_args, _workload_args
+from flashstate.bench.cli_args import compare_args, cost_args, replay_args, workload_args
 
 
 def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
@@ -28,10 +28,10 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
         help="hardware profile: a JSON file or a shipped name (default: h200-qwen3-next-2b; see "
         "flashstate/sim/profiles/)",
     )
-    _compare_args(sim)
-    _workload_args(sim)
-    _replay_args(sim)
-    _cost_args(sim)
+    compare_args(sim)
+    workload_args(sim)
+    replay_args(sim)
+    cost_args(sim)
     sim.add_argument("--out", default=None, help="output directory (default: bench-results/<UTC time>)")
 
 

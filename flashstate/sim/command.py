@@ -14,13 +14,13 @@ from typing import Any
 
 from flashstate.args import add_cache_args, add_engine_args, config_from_args
 from flashstate.bench.command import (
-    _finish,
-    _make_workload,
-    _out_dir,
-    _prices,
-    _replay_config,
-    _scale,
-    _variants,
+    length_scale_for,
+    make_workload,
+    out_dir_from_args,
+    parse_variants,
+    prices_from_args,
+    replay_config_from_args,
+    write_and_print_report,
 )
 from flashstate.bench.config import ReplayConfig
 from flashstate.bench.replay import SessionSource
@@ -119,14 +119,14 @@ def _stats(engine: SimEngine) -> dict[str, Any]:
 
 def _run(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
-    variants = _variants(args.policies, args.variant or [])
+    variants = parse_variants(args.policies, args.variant or [])
     names = [v.name for v in variants]
     reference = args.reference or ("vllm" if "vllm" in names else names[-1])
     if reference not in names:
         raise ValueError(f"--reference {reference!r} is none of the compared runs: {', '.join(names)}")
-    workload, info, sample = _make_workload(args)
-    scale = _scale(args, sample, None)
-    replay = replace(_replay_config(args, scale, f"sim://{profile.name}"), progress=False)
+    workload, info, sample = make_workload(args)
+    scale = length_scale_for(args, sample, None)
+    replay = replace(replay_config_from_args(args, scale, f"sim://{profile.name}"), progress=False)
     serve_args = shlex.split(args.serve_args)
     # every bad flag before any run
     configs = {v.name: engine_config(profile, [*serve_args, *v.serve_args], v.policy) for v in variants}
@@ -140,10 +140,10 @@ def _run(args: argparse.Namespace) -> int:
             "serve_args": list(v.serve_args),
             "simulated": facts,
         }
-        results[v.name] = build_result(run, v.name, info, scale, _prices(args), server)
+        results[v.name] = build_result(run, v.name, info, scale, prices_from_args(args), server)
         print(f"== {v.name}: {facts['cpu_s']:.1f} s CPU, {facts['engine_steps']} steps", file=sys.stderr)
     title = f"flashstate simulate ({profile.name}): {', '.join(names)}"
-    return _finish(results, Path(_out_dir(args)), reference, title)
+    return write_and_print_report(results, Path(out_dir_from_args(args)), reference, title)
 
 
 def run_simulate(args: argparse.Namespace) -> int:
