@@ -1,4 +1,0 @@
-# the ablation in the simulator at the GPU headline's flags (17G, 270 s, 48 agents, seed 0): ASC alone (LRU eviction), GDS alone
-# (block-aligned checkpoints), both, both + the 64G host tier, against vllm
-cd "$(git rev-parse --show-toplevel)"
-.venv/bin/python -m flashstate.cli simulate --policies vllm --variant "asc-only=flashstate --prefix-cache-eviction lru" --variant "gds-aligned=flashstate --mamba-checkpoint-placement aligned" --variant "asc-gds=flashstate" --variant "asc-gds-host=flashstate --host-cache memory --host-cache-bytes 64G" --reference vllm --serve-args "--max-num-seqs 48 --max-num-batched-tokens 8192 --kv-cache-memory-bytes 17G" --workload .traces/claude-code --seed 0 --agents 48 --warmup 15 --duration 270 --drain 10 --length-scale 0.25 --max-context 65536 --time-scale 0.05 --max-think-time 5 --max-output-tokens 512 --no-progress --out /tmp/simabl/s0
