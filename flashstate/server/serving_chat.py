@@ -21,6 +21,7 @@ from flashstate.server.protocol import ChatCompletionRequest, now, usage
 from flashstate.server.serving_engine import (
     OpenAIServing,
     SSEResponse,
+    anext_ready,
     last_output,
     new_id,
     sse,
@@ -31,16 +32,32 @@ _RESERVED_KWARGS = {"messages", "tools", "add_generation_prompt"}
 
 
 class OpenAIServingChat(OpenAIServing):
+    """The chat pipeline every dialect runs through: `completion` gives the body of a non-streamed reply,
+    `completion_chunks` the chunks of a streamed one, both as OpenAI chat-completion dicts (the Anthropic
+    Messages and Responses front ends translate from these); `create` serves them over HTTP."""
+
     async def create(self, req: ChatCompletionRequest, raw: Request) -> Response:
+        if req.stream:
+            chunks = self.completion_chunks(req, raw)
+            await anext_ready(chunks)  # a 4xx before the stream starts is a plain error response
+            return SSEResponse(self._sse(chunks))
+        return JSONResponse(await self.completion(req, raw))
+
+    async def _start(
+        self, req: ChatCompletionRequest, raw: Request
+    ) -> tuple[dict[str, Any], RequestOutput, AsyncIterator[RequestOutput]]:
         self.check_model(req.model)
         params = req.to_sampling_params()
         prompt, positions = await asyncio.to_thread(render_chat, self.tokenizer, req)
         request_id, created = new_id("chatcmpl"), now()
-        salt = req.cache_salt
-        (first,), (stream,) = await self.generate(raw, [prompt], params, request_id, positions, salt)
-        head = {"id": request_id, "created": created, "model": self.model_name}
-        if req.stream:
-            return SSEResponse(self._stream(req, head, first, stream))
+        (first,), (stream,) = await self.generate(
+            raw, [prompt], params, request_id, positions, req.cache_salt
+        )
+        return {"id": request_id, "created": created, "model": self.model_name}, first, stream
+
+    async def completion(self, req: ChatCompletionRequest, raw: Request) -> dict[str, Any]:
+        """The chat.completion body; raises APIError (4xx/5xx) on a bad request or a failed engine."""
+        head, first, stream = await self._start(req, raw)
         out = await self.collect(raw, last_output(first, stream))
         choice = {
             "index": 0,
@@ -49,33 +66,32 @@ class OpenAIServingChat(OpenAIServing):
             "finish_reason": out.finish_reason,
             "stop_reason": out.stop_reason,
         }
-        return JSONResponse(
-            {
-                **head,
-                "object": "chat.completion",
-                "choices": [choice],
-                "usage": _usage(out),
-                "system_fingerprint": None,
-            }
-        )
+        return {
+            **head,
+            "object": "chat.completion",
+            "choices": [choice],
+            "usage": _usage(out),
+            "system_fingerprint": None,
+        }
 
-    async def _stream(
-        self,
-        req: ChatCompletionRequest,
-        head: dict[str, Any],
-        first: RequestOutput,
-        stream: AsyncIterator[RequestOutput],
-    ) -> AsyncIterator[str]:
+    async def completion_chunks(
+        self, req: ChatCompletionRequest, raw: Request
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The chat.completion.chunk dicts of a streamed reply. The first item is None, yielded once the
+        request is accepted (errors before it raise APIError); an engine failure mid-stream raises
+        EngineError after the chunks so far."""
+        head, first, stream = await self._start(req, raw)
         head = {**head, "object": "chat.completion.chunk"}
+        yield None
 
-        def chunk(delta: dict[str, Any], finish_reason: str | None, out: RequestOutput, logprobs=None) -> str:
+        def chunk(delta: dict[str, Any], finish_reason: str | None, out: RequestOutput, logprobs=None):
             choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
             body: dict[str, Any] = {**head, "choices": [choice]}
             if req.include_usage:
                 body["usage"] = _usage(out) if req.continuous_usage else None
-            return sse(body)
+            return body
 
-        def delta(out: RequestOutput) -> str | None:
+        def delta(out: RequestOutput) -> dict[str, Any] | None:
             n = len(out.delta_token_ids)
             if not (out.delta_text or out.finished or (req.logprobs and n)):
                 return None  # nothing to send yet (e.g. text held back as a possible stop string)
@@ -95,11 +111,18 @@ class OpenAIServingChat(OpenAIServing):
                 if (c := delta(out)) is not None:
                     yield c
             if req.include_usage:
-                yield sse({**head, "choices": [], "usage": _usage(last)})
+                yield {**head, "choices": [], "usage": _usage(last)}
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined] — a disconnect closes us mid-stream
+
+    async def _sse(self, chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
+        try:
+            async for body in chunks:
+                yield sse(body)
         except EngineError as e:
             yield self.engine_error_chunk(e)
         finally:
-            await stream.aclose()  # type: ignore[attr-defined] — a disconnect closes us mid-stream
+            await chunks.aclose()  # type: ignore[attr-defined]
         yield sse("[DONE]")
 
     def _logprobs(self, ids: list[int], logprobs: list[float] | None) -> dict[str, Any]:

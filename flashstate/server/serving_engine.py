@@ -286,3 +286,10 @@ async def last_output(first: RequestOutput, stream: AsyncIterator[RequestOutput]
     async for out in stream:
         last = out
     return last
+
+
+async def anext_ready(chunks: AsyncIterator[Any]) -> None:
+    """Run a chunk generator to its first item, the None it yields once the request is accepted: errors
+    raised before that (a 400, a 503) reach the caller while a plain error response can still be sent."""
+    if await anext(chunks) is not None:
+        raise AssertionError("a chunk generator must yield None first")
