@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from flashstate.structured_output import StructuredOutput
+
 # Temperatures below this sample greedily (as in vLLM): dividing by them would overflow anyway.
 GREEDY_TEMPERATURE = 1e-5
 # A request's stop strings: how many, and how long each may be (every step scans the text for each).
@@ -60,6 +62,7 @@ class SamplingParams:
     logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    structured_output: StructuredOutput | None = None  # a grammar the output must follow
 
     def __post_init__(self) -> None:
         if not _is_int(self.n) or self.n != 1:
@@ -86,6 +89,8 @@ class SamplingParams:
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.structured_output is not None and not isinstance(self.structured_output, StructuredOutput):
+            raise ValueError(f"structured_output must be a StructuredOutput, got {self.structured_output!r}")
 
     @property
     def greedy(self) -> bool:
