@@ -8,13 +8,14 @@ import argparse
 import logging
 import sys
 
-from flashstate import envs
+from flashstate import __version__, envs
 from flashstate.args import add_cache_args, add_engine_args, add_server_args, config_from_args
 from flashstate.config import EngineConfig
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flashstate", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"flashstate {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser(
         "serve",
@@ -107,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, FileNotFoundError, OSError) as e:
             print(f"flashstate: error: {e}", file=sys.stderr)
             return 1
+        except KeyboardInterrupt:  # Ctrl-C before the server took over the signal (loading the model)
+            print("flashstate: interrupted", file=sys.stderr)
+            return 130
     return 0
 
 

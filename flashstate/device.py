@@ -13,10 +13,21 @@ from torch import Tensor
 
 
 def resolve_device(name: str) -> torch.device:
-    """`auto`: cuda when present, else cpu."""
+    """`auto`: cuda when present, else cpu. ValueError (one line for the CLI) for a device this process
+    cannot use."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise ValueError(f"--device {name!r}: {e}") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "torch is built without CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+            raise ValueError(f"--device {name}: {why} (torch {torch.__version__}); use --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+    return device
 
 
 def upload(data: list | np.ndarray, dtype: torch.dtype, device: torch.device | str) -> Tensor:

@@ -35,6 +35,7 @@ VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
     "FLASHSTATE_HOME": (_home, "root of materialised presets and calibrations (default ~/.cache/flashstate)"),
     "FLASHSTATE_API_KEY": (_str("FLASHSTATE_API_KEY"), "the server's API key when --api-key is not given"),
     "VLLM_API_KEY": (_str("VLLM_API_KEY"), "read after FLASHSTATE_API_KEY, as vLLM does"),
+    "OPENAI_API_KEY": (_str("OPENAI_API_KEY"), "`bench` sends it to the server when --api-key is not given"),
     "FLASHSTATE_HOST_CACHE_SECRET": (
         _str("FLASHSTATE_HOST_CACHE_SECRET"),
         "host-tier MAC secret when --host-cache-secret-file is not given",

@@ -30,6 +30,7 @@ class RequestStats:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens restored from the prefix cache (last admission)
     admitted_time: float | None = None  # left the waiting queue (last admission), to run or to restore
+    first_admitted_time: float | None = None  # left it the first time (vllm:request_queue_time_seconds)
     fetched_time: float | None = None  # its host restore's fetch finished (host restores only)
     running_time: float | None = None  # joined the running batch (after its host restore, if any)
     first_scheduled_time: float | None = None  # the end of its first step
@@ -38,6 +39,11 @@ class RequestStats:
     prefill_seconds: float = 0.0  # model time spent on this request's prompt chunks
     num_preemptions: int = 0
     cache_counted: bool = False  # the prefix-cache lookup is in the cache's counters
+
+    def admit(self, now: float) -> None:
+        self.admitted_time = now
+        if self.first_admitted_time is None:
+            self.first_admitted_time = now
 
     @property
     def ttft(self) -> float | None:

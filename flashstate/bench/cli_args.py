@@ -65,6 +65,11 @@ def replay_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--mode", default=d.mode, choices=MODES, help="token-id prompts or chat messages")
     g.add_argument("--served-model", default=None, help="model name to send (default: the server's)")
+    g.add_argument(
+        "--api-key",
+        default=None,
+        help="the server's API key (default: env OPENAI_API_KEY; compare starts its servers with it)",
+    )
     g.add_argument("--temperature", type=float, default=d.temperature)
     g.add_argument("--request-timeout", type=float, default=d.request_timeout_s, help="seconds per request")
     g.add_argument("--num-gpus", type=int, default=d.num_gpus, help="GPUs behind the server (per-GPU rates)")

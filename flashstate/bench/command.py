@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from flashstate import envs
 from flashstate.bench import synthetic
 from flashstate.bench.compare import ServerError, ServerSpec, Variant, run_compare
 from flashstate.bench.config import ReplayConfig
@@ -59,9 +60,18 @@ def make_workload(args: argparse.Namespace) -> tuple[Workload, dict[str, Any], C
     return (lambda: sessions), info, lambda: sessions
 
 
-def _server_max_len(url: str) -> int | None:
+def api_key(args: argparse.Namespace) -> str | None:
+    return getattr(args, "api_key", None) or envs.OPENAI_API_KEY
+
+
+def auth_headers(key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def _server_max_len(url: str, key: str | None) -> int | None:
     try:
-        return httpx.get(f"{url}/v1/models", timeout=10.0).json()["data"][0].get("max_model_len")
+        resp = httpx.get(f"{url}/v1/models", timeout=10.0, headers=auth_headers(key))
+        return resp.json()["data"][0].get("max_model_len")
     except (httpx.HTTPError, ValueError, KeyError, IndexError):
         return None
 
@@ -71,7 +81,7 @@ def length_scale_for(
 ) -> dict[str, Any]:
     auto = args.length_scale == "auto"
     if auto:
-        max_context = args.max_context or (url and _server_max_len(url))
+        max_context = args.max_context or (url and _server_max_len(url, api_key(args)))
         if not max_context:
             raise ValueError(
                 "--length-scale auto needs --max-context (or a server that reports max_model_len)"
@@ -96,6 +106,7 @@ def replay_config_from_args(args: argparse.Namespace, scale: dict[str, Any], url
     return ReplayConfig(
         base_url=url.rstrip("/"),
         model=args.served_model,
+        api_key=api_key(args),
         mode=args.mode,
         agents=args.agents,
         warmup_s=args.warmup,
@@ -153,6 +164,8 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError(f"--reference {reference!r} is none of the compared runs: {', '.join(names)}")
     scale = length_scale_for(args, sample, None)
     serve_args = (("--model", args.model) if args.model else ()) + tuple(shlex.split(args.serve_args))
+    if api_key(args) and "--api-key" not in serve_args:
+        serve_args += ("--api-key", api_key(args))
     spec = ServerSpec(serve_args, args.server_timeout)
     out = out_dir_from_args(args)
     try:

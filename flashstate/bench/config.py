@@ -13,6 +13,7 @@ MODES = ("completions", "chat")
 class ReplayConfig:
     base_url: str = "http://127.0.0.1:8000"
     model: str | None = None  # None: the server's first model
+    api_key: str | None = None  # sent as `Authorization: Bearer` (a server started with --api-key)
     mode: str = "completions"  # completions (token-id prompts) | chat
     agents: int = 4  # concurrent lanes
     warmup_s: float = 0.0

@@ -295,6 +295,8 @@ class Replay:
         cfg = self.config
         own = http is None
         self._http = http or httpx.AsyncClient(limits=httpx.Limits(max_connections=None))
+        if cfg.api_key:
+            self._http.headers["Authorization"] = f"Bearer {cfg.api_key}"
         try:
             model, max_model_len = await server_model(self._http, cfg.base_url)
             self._model = cfg.model or model

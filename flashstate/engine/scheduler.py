@@ -179,7 +179,7 @@ class Scheduler:
             n = self._chunk(seq, budget)
             if seq.restore is not None:
                 self.waiting.popleft()
-                seq.stats.admitted_time = admitting
+                seq.stats.admit(admitting)
                 seq.status = SequenceStatus.RESTORING
                 self.restoring.append(seq)
                 if seq.restore.inline:  # fetched already: the restored sequence takes budget in this step
@@ -188,7 +188,8 @@ class Scheduler:
                         deferred.append(seq)
                 continue
             self.waiting.popleft()
-            seq.stats.admitted_time = seq.stats.running_time = self.cache.clock()
+            seq.stats.running_time = self.cache.clock()
+            seq.stats.admit(seq.stats.running_time)
             self.cache.record_admission(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)

@@ -81,6 +81,18 @@ def load_weights(
         raise CheckpointError(f"missing tensor {missing[0]!r}{more} in checkpoint")
 
 
+def missing_model_message(model: str) -> str:
+    """Why `model` cannot be loaded, with the download command when it looks like a Hugging Face id."""
+    message = f"model directory {model} does not exist"
+    parts = model.split("/")
+    if len(parts) == 2 and all(parts) and not model.startswith((".", "~")):
+        message += (
+            f"; flashstate loads local HF-format checkpoints: to serve the Hugging Face model {model}, "
+            f"download it first (`hf download {model} --local-dir DIR`) and pass DIR"
+        )
+    return message
+
+
 def load_model(
     path: str | Path,
     dtype: torch.dtype | None = None,
@@ -95,7 +107,7 @@ def load_model(
     """
     path = Path(path)
     if not path.is_dir():
-        raise FileNotFoundError(f"model directory {path} does not exist")
+        raise FileNotFoundError(missing_model_message(str(path)))
     spec = spec_from_hf(path)
     files = checkpoint_files(path)
     plan = None

@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import hmac
 import logging
+import socket
 import sys
 from collections.abc import AsyncIterator
 from http import HTTPStatus
@@ -195,6 +196,22 @@ def build_app(engine: AsyncEngine, config: EngineConfig) -> FastAPI:
     return app
 
 
+def listen_socket(host: str, port: int) -> socket.socket:
+    """The server's listening socket, bound now: OSError ("address already in use") before anything slow
+    starts. Port 0 takes a free port (the log line names it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
 def serve(config: EngineConfig) -> int:
     """Load the model, start the engine loop, serve until SIGINT/SIGTERM (0) or until the engine loop
     cannot go on (1: the supervisor restarts the server)."""
@@ -207,13 +224,14 @@ def serve(config: EngineConfig) -> int:
         for server in servers:
             server.should_exit = True  # uvicorn's main loop reads it every tick
 
+    sock = listen_socket(config.host, config.port)  # a busy port fails here, before the model loads
     engine = AsyncEngine(config, on_dead=on_dead)
     frozen = for_serving()
     logger.info(
         "garbage collector: %d start-up objects frozen, generation 0 threshold %d", frozen, GEN0_THRESHOLD
     )
     app = build_app(engine, config)
-    logger.info("serving %s on http://%s:%d", served_model_name(config), config.host, config.port)
+    logger.info("serving %s on http://%s:%d", served_model_name(config), config.host, sock.getsockname()[1])
     server = uvicorn.Server(
         uvicorn.Config(app, host=config.host, port=config.port, log_level="info", timeout_graceful_shutdown=5)
     )
@@ -221,7 +239,7 @@ def serve(config: EngineConfig) -> int:
     if engine.dead:  # died before the server existed to hear of it
         server.should_exit = True
     try:
-        server.run()  # a port already in use: uvicorn logs it and exits with status 1
+        server.run(sockets=[sock])
     finally:
         engine.shutdown()
     return 1 if engine.dead else 0

@@ -65,7 +65,7 @@ class ServerMetrics:
         )
         self.ttft = histogram("vllm:time_to_first_token_seconds", "Arrival to first token.")
         self.e2e = histogram("vllm:e2e_request_latency_seconds", "Arrival to finish.")
-        self.queue = histogram("vllm:request_queue_time_seconds", "Arrival to first scheduled.")
+        self.queue = histogram("vllm:request_queue_time_seconds", "Arrival to leaving the waiting queue.")
         self.prefill = histogram("vllm:request_prefill_time_seconds", "Model time on the prompt.")
         self.decode = histogram("vllm:request_decode_time_seconds", "First token to finish.")
         self.tpot = histogram("vllm:request_time_per_output_token_seconds", "Mean time per output token.")
@@ -91,8 +91,8 @@ class ServerMetrics:
         self.prefill.labels(m).observe(s.prefill_seconds)
         if s.ttft is not None:
             self.ttft.labels(m).observe(s.ttft)
-        if s.first_scheduled_time is not None:
-            self.queue.labels(m).observe(s.first_scheduled_time - s.arrival_time)
+        if s.first_admitted_time is not None:
+            self.queue.labels(m).observe(s.first_admitted_time - s.arrival_time)
         if s.finished_time is not None:
             self.e2e.labels(m).observe(s.finished_time - s.arrival_time)
             if s.first_token_time is not None:
