@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from flashstate.ops.moe import grouped_topk
 from flashstate.spec.model_spec import MoeSpec
 
 
@@ -33,18 +34,15 @@ class GroupedTopkRouter(nn.Module):
         return self
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """x: [T, D] → (weights [T, k] fp32, expert ids [T, k])."""
+        """x: [T, D] → (weights [T, k] fp32, expert ids [T, k]); no device wait (CUDA-graph safe)."""
         m = self.moe
         scores = F.linear(x.float(), self.weight.float()).sigmoid()
-        choice = scores + self.e_score_correction_bias.float()
-        grouped = choice.unflatten(-1, (m.n_group, -1))  # [T, n_group, experts per group]
-        group_scores = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(-1)  # [T, n_group]
-        best_groups = group_scores.topk(m.topk_group, dim=-1).indices
-        keep = torch.zeros(grouped.shape[:2], dtype=torch.bool, device=x.device)
-        keep.scatter_(1, best_groups, True)
-        choice = choice.masked_fill(~keep.repeat_interleave(grouped.shape[-1], dim=1), float("-inf"))
-        ids = choice.topk(m.top_k, dim=-1).indices
-        weights = scores.gather(1, ids)
-        if m.norm_topk_prob:
-            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
-        return weights * m.routed_scaling_factor, ids
+        return grouped_topk(
+            scores,
+            self.e_score_correction_bias,
+            m.top_k,
+            m.n_group,
+            m.topk_group,
+            m.norm_topk_prob,
+            m.routed_scaling_factor,
+        )

@@ -28,9 +28,11 @@ from torch import Tensor, nn
 
 from flashstate.layers.metadata import ForwardMetadata
 from flashstate.layers.router import GroupedTopkRouter
+from flashstate.layers.stacked_experts import StackedExperts
 from flashstate.models.base import AttentionMixer, HybridForCausalLM, LinearMixer
 from flashstate.ops.attention import long_spans, paged_attention, span_attention, store_kv
 from flashstate.ops.kda import chunk_kda, fused_recurrent_kda
+from flashstate.ops.moe import moe_experts
 from flashstate.ops.short_conv import causal_conv1d
 from flashstate.spec.model_spec import AttentionSpec, LinearSpec, ModelSpec, MoeSpec
 
@@ -90,9 +92,12 @@ class Expert(nn.Module):
         return self.w2(self.act(self.w1(x)) * self.w3(x))
 
 
-class SparseMoe(nn.Module):
+class SparseMoe(StackedExperts):
+    expert_in_names, expert_out_name, expert_gated = ("w1", "w3"), "w2", True
+
     def __init__(self, hidden: int, moe: MoeSpec):
         super().__init__()
+        self.expert_act = moe.act
         self.gate = GroupedTopkRouter(hidden, moe)
         self.experts = nn.ModuleList(
             Expert(hidden, moe.intermediate_size, moe.act) for _ in range(moe.num_experts)
@@ -101,12 +106,7 @@ class SparseMoe(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         weights, ids = self.gate(x)
-        out = torch.zeros_like(x)
-        for e in ids.unique().tolist():
-            token, slot = torch.where(ids == e)
-            y = self.experts[e](x[token]) * weights[token, slot, None]
-            out.index_add_(0, token, y.to(x.dtype))
-        return out + self.shared_experts(x)
+        return moe_experts(x, weights, ids, self.routed_experts()) + self.shared_experts(x)
 
 
 class KimiDeltaAttention(LinearMixer):

@@ -19,8 +19,10 @@ from torch import Tensor, nn
 
 from flashstate.layers.metadata import ForwardMetadata
 from flashstate.layers.router import GroupedTopkRouter
+from flashstate.layers.stacked_experts import StackedExperts
 from flashstate.models.base import AttentionMixer, HybridForCausalLM, LinearMixer
 from flashstate.ops.attention import paged_attention, store_kv
+from flashstate.ops.moe import moe_experts
 from flashstate.ops.short_conv import causal_conv1d
 from flashstate.ops.ssd import chunk_ssd, fused_recurrent_ssd
 from flashstate.spec.model_spec import AttentionSpec, LinearSpec, ModelSpec, MoeSpec
@@ -174,11 +176,16 @@ class MLP(nn.Module):
         return self.down_proj(self.act(self.up_proj(x)))
 
 
-class MoE(nn.Module):
+class MoE(StackedExperts):
     """Routed ReLU² experts (optionally in a projected latent space) plus an always-on shared expert."""
+
+    expert_in_names, expert_out_name, expert_gated = ("up_proj",), "down_proj", False
+    accumulate = torch.float32
 
     def __init__(self, hidden: int, moe: MoeSpec, bias: bool):
         super().__init__()
+        _act(moe.act)  # an unsupported activation fails here
+        self.expert_act = moe.act
         width = moe.latent_size or hidden
         self.gate = GroupedTopkRouter(hidden, moe)
         self.experts = nn.ModuleList(
@@ -193,11 +200,7 @@ class MoE(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         weights, ids = self.gate(x)
         h = self.fc1_latent_proj(x) if self.latent else x
-        out = torch.zeros(h.shape, dtype=torch.float32, device=h.device)
-        for e in ids.unique().tolist():
-            token, slot = (ids == e).nonzero(as_tuple=True)
-            out.index_add_(0, token, (self.experts[e](h[token]) * weights[token, slot, None]).float())
-        out = out.to(x.dtype)
+        out = moe_experts(h, weights, ids, self.routed_experts())
         if self.latent:
             out = self.fc2_latent_proj(out)
         return out + self.shared_experts(x)

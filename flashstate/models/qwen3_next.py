@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from flashstate.layers.metadata import ForwardMetadata
+from flashstate.layers.stacked_experts import StackedExperts
 from flashstate.layers.stacked_linear import StackedLinears
 from flashstate.models.base import AttentionMixer, HybridForCausalLM, LinearMixer
 from flashstate.ops.activation import sigmoid_mul, silu_mul
@@ -22,6 +23,7 @@ from flashstate.ops.attention import paged_attention
 from flashstate.ops.backend import dense_on_cpu, gpu_kernels
 from flashstate.ops.gated_delta_rule import chunk_gated_delta_rule, decode_gated_delta_rule_in_place
 from flashstate.ops.gdn_gating import gdn_gating
+from flashstate.ops.moe import moe_experts, softmax_topk
 from flashstate.ops.norm.naive import rms_norm as naive_rms_norm
 from flashstate.ops.qk_norm_rope import qk_norm_rope_store
 from flashstate.ops.short_conv import causal_conv1d
@@ -232,8 +234,11 @@ class Qwen3NextMLP(StackedLinears):
         return self.down_proj(silu_mul(F.linear(x, self.stacked_weight())))
 
 
-class Qwen3NextSparseMoeBlock(nn.Module):
+class Qwen3NextSparseMoeBlock(StackedExperts):
     """Softmax top-k router (optionally renormalised over the top k) + sigmoid-gated shared expert."""
+
+    expert_in_names, expert_out_name = ("gate_proj", "up_proj"), "down_proj"
+    expert_act, expert_gated = "silu", True
 
     def __init__(self, hidden: int, spec: MoeSpec):
         super().__init__()
@@ -247,17 +252,8 @@ class Qwen3NextSparseMoeBlock(nn.Module):
         self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        logits = self.gate(x)  # [T, E]
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-        weights, experts = probs.topk(self.top_k, dim=-1)  # [T, k]
-        if self.norm_topk_prob:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        weights = weights.to(x.dtype)
-        out = torch.zeros_like(x)
-        for e in experts.unique().tolist():
-            tokens, which = torch.where(experts == e)
-            y = self.experts[e](x[tokens]) * weights[tokens, which, None]
-            out.index_add_(0, tokens, y)
+        weights, ids = softmax_topk(self.gate(x), self.top_k, self.norm_topk_prob)  # [T, k]
+        out = moe_experts(x, weights.to(x.dtype), ids, self.routed_experts())
         return out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
 
 
