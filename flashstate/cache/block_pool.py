@@ -2,11 +2,15 @@
 
 A block id indexes the same row of every attention layer's KV tensor. A block is free exactly when
 its ref count is 0; the free queue holds every free block once, least recently freed first.
+
+`on_refs_changed`, when set, is called with the blocks of every `incref` and `free` (after the counts
+change); `allocate` takes only free blocks, which nothing else references.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 
 class BlockPool:
@@ -19,6 +23,7 @@ class BlockPool:
         self.block_size = block_size
         self.ref_counts = [0] * num_blocks
         self.free_queue: deque[int] = deque(range(num_blocks))
+        self.on_refs_changed: Callable[[list[int]], None] | None = None
 
     @property
     def num_free(self) -> int:
@@ -40,6 +45,8 @@ class BlockPool:
             if self.ref_counts[b] == 0:
                 raise ValueError(f"block {b} is free: cannot share it")
             self.ref_counts[b] += 1
+        if self.on_refs_changed is not None:
+            self.on_refs_changed(blocks)
 
     def free(self, blocks: list[int]) -> None:
         """Drop one reference to each block; blocks reaching 0 go back to the free queue."""
@@ -49,6 +56,8 @@ class BlockPool:
             self.ref_counts[b] -= 1
             if self.ref_counts[b] == 0:
                 self.free_queue.append(b)
+        if self.on_refs_changed is not None:
+            self.on_refs_changed(blocks)
 
     def check_integrity(self, expected_refs: dict[int, int]) -> None:
         """`expected_refs`: block → number of owners (sequences, cache nodes) that reference it."""

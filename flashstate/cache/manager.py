@@ -27,6 +27,9 @@ With `byte_budget` (the `flashstate` policy's shared budget), KV blocks in use a
 or being exported) are charged against one number of bytes: whenever blocks or an export slot are wanted,
 or a new checkpoint is admitted, units are evicted by the policy's priority, whichever kind they are,
 until the charge fits. Working slots are reserved apart and not charged.
+
+Victims come from an `EvictionIndex` (cache/eviction_index.py) over the tree: every stamp, checkpoint
+set or cleared and lock taken or dropped here is reported to it.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import time
 from collections.abc import Callable
 
 from flashstate.cache.block_pool import BlockPool
+from flashstate.cache.eviction_index import EvictionIndex
 from flashstate.cache.host.restore import RestorePhase
 from flashstate.cache.host.tier import HostTier
 from flashstate.cache.policy import Policy
@@ -63,6 +67,7 @@ class CacheManager:
         self.policy = policy
         self.max_checkpoints = max_checkpoints
         self.tree = RadixTree(block_pool)
+        self.index = EvictionIndex(self.tree, policy) if policy is not None else None
         self.stats = CacheStats()
         self._copy_block = copy_block
         self.clock = clock
@@ -122,7 +127,7 @@ class CacheManager:
                     self._copy_block(table[full], block)
                 seq.block_table.extend(copy)
                 self.state_pool.copy(match.node.slot, slot)
-                self.policy.stamp(match.node, self.clock())
+                self._stamp(match.node, self.clock())
         seq.num_computed_tokens = match.depth
         seq.cache_handle = match.node
         seq.export_plan = self.policy.plan_exports(seq, match)
@@ -261,7 +266,7 @@ class CacheManager:
             depth = seq.num_computed_tokens // self.policy.checkpoint_block * self.policy.checkpoint_block
             if depth:
                 node, _ = self.tree.insert(seq.token_ids, seq.block_table, depth, seq.cache_salt)
-                self.policy.stamp(node, self.clock())
+                self._stamp(node, self.clock())
         if seq.cache_handle is not None:
             self._lock(seq.cache_handle, -1)
             seq.cache_handle = None
@@ -332,12 +337,13 @@ class CacheManager:
         node, _ = self.tree.insert(seq.token_ids, seq.block_table, depth, seq.cache_salt)
         if node.slot is not None:  # already checkpointed (another request got here first)
             self.state_pool.free(slot)
-            self.policy.stamp(node, now)
             node.frontier |= frontier
+            self._stamp(node, now)
             return
         node.slot, node.frontier = slot, frontier
+        self.index.slot_changed(node)
         self.num_checkpoints += 1
-        self.policy.stamp(node, now)
+        self._stamp(node, now)
         while self.num_checkpoints > self.max_checkpoints or not self._chargeable(0, 0):
             victim = self._victim("state" if self.byte_budget is None else "unit", exclude=node)
             if victim is None or self._key(node, now) < self._key(victim, now):
@@ -351,9 +357,13 @@ class CacheManager:
         return self.policy.unit_key(self.tree, node, now)
 
     def _victim(self, kind: str, exclude: Node | None = None) -> Node | None:
-        if self.policy is None:  # prefix caching off: the tree holds nothing
+        if self.index is None:  # prefix caching off: the tree holds nothing
             return None
-        return self.policy.victim(self.tree, kind, self.clock(), exclude)
+        return self.index.victim(kind, self.clock(), exclude)
+
+    def _stamp(self, node: Node, now: float) -> None:
+        self.policy.stamp(node, now)
+        self.index.touched(node)
 
     def _evict(self, node: Node, reason: str) -> None:
         self.policy.on_evict(node, self.tree.exclusive_blocks(node) if node.is_leaf else 0)
@@ -361,6 +371,7 @@ class CacheManager:
             self.state_pool.free(node.slot)
             node.slot = None
             node.frontier = False
+            self.index.slot_changed(node)
             self.num_checkpoints -= 1
         self.stats.evictions[reason] += 1
         while node.is_leaf and node.slot is None and node.lock == 0 and node.parent is not None:
@@ -386,6 +397,8 @@ class CacheManager:
         for n in node.path():
             n.lock += delta
             assert n.lock >= 0
+            if n.lock == 0 or n.lock == delta:  # dropped, or taken
+                self.index.lock_changed(n)
 
     def _update_gauges(self) -> None:
         self.stats.checkpoints = self.num_checkpoints

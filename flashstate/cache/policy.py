@@ -44,8 +44,8 @@ from flashstate.cache.cache_tensors import kv_bytes_per_block, state_bytes_per_s
 from flashstate.cache.cost import PrefillCost
 from flashstate.cache.tree import Match, Node, RadixTree
 from flashstate.config import EngineConfig
-from flashstate.spec.model_spec import ModelSpec
 from flashstate.sequence import Sequence
+from flashstate.spec.model_spec import ModelSpec
 
 
 @dataclass(slots=True)
@@ -92,6 +92,8 @@ class Policy:
         return saved / max(held, 1)
 
     def protected(self, node: Node, now: float) -> bool:
+        """At a given `now`, of two frontier nodes the one touched earlier is protected only if the other
+        is: protection runs out in order of last access (cache/eviction_index.py relies on it)."""
         return self.leaf_last and node.frontier and now - node.last_access < self.leaf_idle_seconds
 
     def key(self, node: Node, exclusive_blocks: int, now: float) -> tuple[bool, float]:
@@ -104,26 +106,11 @@ class Policy:
 
     def unit_key(self, tree: RadixTree, node: Node, now: float) -> tuple[bool, float]:
         """`key` of the unit at `node`. Only GDS prices a unit by its bytes: LRU never needs the (costly)
-        count of exclusive blocks."""
+        count of exclusive blocks. The victim of a kind (cache/eviction_index.py): among unlocked units
+        ("kv": leaves, their chain's blocks go; "state": checkpoints, their slot goes; "unit": both), the
+        smallest key."""
         exclusive = tree.exclusive_blocks(node) if self.eviction == "gds" and node.is_leaf else 0
         return self.key(node, exclusive, now)
-
-    def victim(self, tree: RadixTree, kind: str, now: float, exclude: Node | None = None) -> Node | None:
-        """The unit to evict first: for "kv", among leaves (their chain's blocks go); for "state", among
-        checkpoints (their slot goes); for "unit", among both (what the shared budget frees either way).
-        Locked nodes never."""
-        best, best_key = None, None
-        for node in tree.nodes():
-            if kind == "unit":
-                wrong = not node.is_leaf and node.slot is None
-            else:
-                wrong = not node.is_leaf if kind == "kv" else node.slot is None
-            if wrong or node.lock or node is exclude:
-                continue
-            key = self.unit_key(tree, node, now)
-            if best_key is None or key < best_key:
-                best, best_key = node, key
-        return best
 
     def stamp(self, node: Node, now: float) -> None:
         """On insert and on every hit."""

@@ -18,13 +18,17 @@ never evicted.
 Cache salts (vLLM's `cache_salt`): each salt has a root of its own, so the paths of requests with
 different salts never meet (salt None: the shared root, `root`). A salt's root goes when its last child
 does.
+
+`observer` (cache/eviction_index.py) is told of every node added, split or removed.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from flashstate.cache.block_pool import BlockPool
 
@@ -42,6 +46,9 @@ class Node:
     priority: float = 0.0  # GDS H
     last_access: float = 0.0
     frontier: bool = False  # made by a request end: a session's resume point
+    # Insertion stamp: siblings sorted by it are in the order of their parent's `children` dict (roots: of
+    # `RadixTree.roots`). The upper half of a split takes the cut node's, as it takes its dict entry.
+    order: int = 0
 
     @property
     def end(self) -> int:
@@ -70,6 +77,38 @@ class Node:
         return 0
 
 
+def precedes(a: Node, b: Node) -> bool:
+    """Whether `a` comes before `b` in `RadixTree.nodes()`: a pre-order that takes the last-inserted root
+    first, and each node's last-inserted child first. Between two nodes of the tree it never changes (a
+    split's upper half takes the cut node's place); nor does it for a removed node, whose ancestors stay."""
+    la, lb = _lineage(a), _lineage(b)
+    for x, y in zip(la, lb, strict=False):
+        if x is not y:
+            return x.order > y.order
+    return len(la) < len(lb)
+
+
+def _lineage(node: Node) -> list[Node]:
+    """The root, each ancestor below it, and `node`."""
+    chain = [node]
+    while node.parent is not None:
+        node = node.parent
+        chain.append(node)
+    chain.reverse()
+    return chain
+
+
+class TreeObserver(Protocol):
+    def node_added(self, node: Node) -> None:
+        """`node` hangs from its parent now (a new leaf)."""
+
+    def node_split(self, upper: Node, lower: Node) -> None:
+        """`upper`, new, took `lower`'s place; `lower` now starts at upper's end and hangs from it."""
+
+    def node_removed(self, node: Node) -> None:
+        """The leaf `node` left the tree; its `blocks` still name the blocks whose references it dropped."""
+
+
 @dataclass(slots=True)
 class Match:
     node: Node  # deepest node with a checkpoint usable by the request; the root when none
@@ -81,15 +120,17 @@ class RadixTree:
     def __init__(self, block_pool: BlockPool):
         self.pool = block_pool
         self.block_size = block_pool.block_size
-        self.root = Node(None, 0, [], [])
+        self._orders = itertools.count()
+        self.root = Node(None, 0, [], [], order=next(self._orders))
         self.roots: dict[str | None, Node] = {None: self.root}
         self._salts: dict[int, str] = {}  # id of a salt's root -> the salt
+        self.observer: TreeObserver | None = None
 
     def root_for(self, salt: str | None, create: bool = False) -> Node | None:
         """The root of `salt`'s paths; None when it has none and `create` is off."""
         root = self.roots.get(salt)
         if root is None and create:
-            root = self.roots[salt] = Node(None, 0, [], [])
+            root = self.roots[salt] = Node(None, 0, [], [], order=next(self._orders))
             self._salts[id(root)] = salt
         return root
 
@@ -168,7 +209,7 @@ class RadixTree:
         assert node.start < at < node.end and node.parent is not None
         k = at - node.start
         first, cut = self._first(node.start), self._stop(at)
-        upper = Node(node.parent, node.start, node.tokens[:k], node.blocks[: cut - first])
+        upper = Node(node.parent, node.start, node.tokens[:k], node.blocks[: cut - first], order=node.order)
         upper.last_access, upper.priority = node.last_access, node.priority
         node.parent.children[node.tokens[0]] = upper
         keep_from = self._first(at) - first  # the straddling block (if any) stays in both
@@ -177,6 +218,8 @@ class RadixTree:
         node.parent = upper
         upper.children[node.tokens[0]] = node
         upper.lock = node.lock
+        if self.observer is not None:
+            self.observer.node_split(upper, node)
         return upper
 
     def insert(
@@ -190,9 +233,17 @@ class RadixTree:
         while pos < depth:
             child = node.children.get(tokens[pos])
             if child is None:
-                new = Node(node, pos, tokens[pos:depth], block_table[self._first(pos) : self._stop(depth)])
+                new = Node(
+                    node,
+                    pos,
+                    tokens[pos:depth],
+                    block_table[self._first(pos) : self._stop(depth)],
+                    order=next(self._orders),
+                )
                 self.pool.incref(new.blocks)
                 node.children[tokens[pos]] = new
+                if self.observer is not None:
+                    self.observer.node_added(new)
                 return new, True
             n = _common_prefix(child.tokens, tokens, pos, depth)
             if n < len(child.tokens):
@@ -210,6 +261,8 @@ class RadixTree:
         parent = node.parent
         del parent.children[node.tokens[0]]
         self.pool.free(node.blocks)
+        if self.observer is not None:
+            self.observer.node_removed(node)
         node.blocks = []
         if not parent.children and parent.parent is None and parent is not self.root:
             del self.roots[self._salts.pop(id(parent))]
