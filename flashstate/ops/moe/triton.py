@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from flashstate.ops.moe.align import align_assignments
+from flashstate.ops.moe.align import align_assignments, padded_length
 from flashstate.ops.moe.experts import Experts
 
 
@@ -129,6 +129,60 @@ def _expert_down_kernel(
     tl.store(y_ptrs, acc.to(y.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
+@triton.jit
+def _align_small_kernel(
+    ids, sorted_ids, block_expert, shift, n, num_experts, rows, num_blocks,
+    N_PAD: tl.constexpr, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr,
+):  # fmt: skip
+    """align.align_assignments in one CTA for n ≤ N_PAD (decode): a sort of the keys e·N_PAD + a gives the
+    expert-major order, a histogram the runs; `shift` [E_PAD] is scratch for the per-expert offsets."""
+    offs = tl.arange(0, N_PAD)
+    ok = offs < n
+    e = tl.load(ids + offs, mask=ok, other=0).to(tl.int32)
+    experts = tl.arange(0, E_PAD)
+    counts = tl.histogram(e, E_PAD)
+    counts = tl.where(experts == 0, counts - (N_PAD - n), counts)  # the masked lanes counted as expert 0
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    run_end = tl.cumsum(padded, 0)
+    first = tl.cumsum(counts, 0) - counts
+    tl.store(shift + experts, run_end - padded - first)
+    for r in range(0, rows, CHUNK):
+        at = r + tl.arange(0, CHUNK)
+        tl.store(sorted_ids + at, tl.full((CHUNK,), 0, tl.int32) + n, mask=at < rows)
+    for b in range(0, num_blocks, CHUNK):
+        at = b + tl.arange(0, CHUNK)
+        ends = tl.broadcast_to(run_end[None, :], (CHUNK, E_PAD))
+        owner = tl.sum((ends <= (at * BLOCK_M)[:, None]).to(tl.int32), axis=1)
+        tl.store(block_expert + at, tl.minimum(owner, num_experts), mask=at < num_blocks)
+    tl.debug_barrier()  # the sentinels and `shift` are written before the scatter reads / overwrites
+    keys = tl.sort(tl.where(ok, e * N_PAD + offs, E_PAD * N_PAD + offs))
+    expert, a = keys // N_PAD, keys % N_PAD
+    real = offs < n
+    dest = offs + tl.load(shift + expert, mask=real, other=0)
+    tl.store(sorted_ids + dest, a, mask=real)
+
+
+SMALL_ALIGN = 1024  # assignments up to which one CTA aligns them (decode and short mixed steps)
+
+
+def align(ids: Tensor, num_experts: int, block: int) -> tuple[Tensor, Tensor]:
+    """align.align_assignments (same outputs): one kernel for few assignments, torch ops beyond."""
+    n = ids.numel()
+    if n > SMALL_ALIGN or num_experts > 1024:
+        return align_assignments(ids, num_experts, block)
+    rows = padded_length(n, num_experts, block)
+    e_pad = triton.next_power_of_2(num_experts)
+    sorted_ids = torch.empty(rows, dtype=torch.int32, device=ids.device)
+    block_expert = torch.empty(rows // block, dtype=torch.int32, device=ids.device)
+    shift = torch.empty(e_pad, dtype=torch.int32, device=ids.device)
+    flat = ids.reshape(-1)
+    _align_small_kernel[(1,)](
+        flat, sorted_ids, block_expert, shift, n, num_experts, rows, rows // block,
+        N_PAD=max(16, triton.next_power_of_2(n)), E_PAD=e_pad, BLOCK_M=block, CHUNK=64, num_warps=4,
+    )  # fmt: skip
+    return sorted_ids, block_expert
+
+
 def _row_block(n_assign: int, num_experts: int) -> int:
     """Rows per GEMM block from the mean assignments per expert: small blocks waste no rows on padding
     when experts see a few tokens each (decode), large ones reuse each weight tile over more rows."""
@@ -145,9 +199,9 @@ def choose_tiles(n_assign: int, num_experts: int, n: int, k: int, dtype: torch.d
     bm = _row_block(n_assign, num_experts)
     if dtype == torch.float32:  # fp32 dots on the FMA units: small tiles, modest shared memory
         return Tiles(bm, 32, 32, 4, 2)
-    if bm <= 32:  # bandwidth-bound: enough CTAs in flight to stream the touched weights
+    if bm <= 32:  # bandwidth-bound: enough CTAs in flight (two per SM) to stream the touched weights
         blocks_m = min(num_experts, n_assign)
-        bn = 64 if blocks_m * triton.cdiv(n, 64) >= 4 * 132 else 32
+        bn = next((b for b in (64, 32) if blocks_m * triton.cdiv(n, b) >= 2 * 132), 16)
         return Tiles(bm, bn, min(128, max(16, triton.next_power_of_2(k))), 4, 4)
     return Tiles(bm, 128, 64, 8 if bm == 128 else 4, 3)
 
@@ -183,7 +237,7 @@ def moe_experts(
     down = down_tiles or choose_tiles(n, num_e, d, inter, x.dtype)
     if up.block_m != down.block_m:
         raise ValueError(f"up and down tiles need one row block, got {up.block_m} and {down.block_m}")
-    sorted_ids, block_expert = align_assignments(ids, num_e, up.block_m)
+    sorted_ids, block_expert = align(ids, num_e, up.block_m)
     blocks_m = block_expert.numel()
     precision = _precision(x.dtype)
 
