@@ -5,6 +5,7 @@ choices (a `Literal`)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from functools import partial
 from types import UnionType
@@ -15,9 +16,15 @@ CachePolicy = Literal["flashstate", "vllm", "sglang", "none"]
 Eviction = Literal["gds", "lru"]
 HostCache = Literal["memory", "mooncake"]
 PrefillOrder = Literal["fifo", "arrivals-first"]
+SchedulingPolicy = Literal["fcfs", "priority"]
 CheckpointPlacement = Literal["asc", "aligned"]
 
 CACHE_POLICIES: tuple[str, ...] = get_args(CachePolicy)
+
+# The names of the server's parser registries (server/tool_parsers/, server/reasoning.py), kept here as
+# plain names so the config needs no server code; tests/server/test_tool_calling.py checks they agree.
+ToolCallParser = Literal["hermes", "qwen3_coder", "qwen3_xml", "nemotron_v3", "kimi_k2", "nemotron_json"]
+ReasoningParserName = Literal["qwen3", "deepseek_r1", "nemotron_v3", "nano_v3", "kimi_k2"]
 
 INTERNAL = {
     "internal": True
@@ -81,6 +88,12 @@ class EngineConfig:
         "prefill never holds arrivals or short prefills back",
         shown="arrivals-first for --cache-policy flashstate, else fifo",
     )
+    scheduling_policy: SchedulingPolicy = _engine(
+        "fcfs",
+        "fcfs: requests wait in arrival order; priority: by their `priority` (lower first, vLLM's), then "
+        "arrival, and a lower-priority running request is preempted first",
+    )
+    max_logprobs: int = _engine(20, "most logprobs (top_logprobs) a request may ask for per token")
     block_size: int = _engine(16, "tokens per KV block")
     kv_cache_memory_bytes: int | None = _engine(
         None,
@@ -230,6 +243,31 @@ class EngineConfig:
         "a host-tier fetch) may wait for the busy engine thread to hand it back (Python: 5)",
     )
     max_request_body_bytes: int = _server(32 << 20, "larger request bodies get 413", size=True)
+    enable_auto_tool_choice: bool = _server(
+        False,
+        "parse tool calls out of the output of requests with tools and tool_choice auto (needs "
+        "--tool-call-parser); without it such requests get 400, as in vLLM",
+    )
+    tool_call_parser: ToolCallParser | None = _server(
+        None, "the model's tool-call format (vLLM's parser names)", shown="none"
+    )
+    tool_parser_stream_arguments: bool = _server(
+        True,
+        "streamed tool calls: the name once complete, then the arguments as they are generated (vLLM's "
+        "way; a client sees a long argument grow and no stream goes quiet while one is written); off: each "
+        "call whole once it is complete and valid (a malformed call is content, never a broken call)",
+    )
+    reasoning_parser: ReasoningParserName | None = _server(
+        None,
+        "split the output into reasoning_content (and vLLM's `reasoning`) and content (vLLM's parser names)",
+        shown="none",
+    )
+    chat_template: str | None = _server(
+        None,
+        "the chat template: a file, or the Jinja template itself (text with {, } or a newline)",
+        shown="the tokenizer's",
+        metavar="PATH_OR_TEMPLATE",
+    )
 
     @property
     def prefix_caching(self) -> bool:
@@ -269,6 +307,8 @@ class EngineConfig:
             "cpu_cache_memory_bytes",
         ):
             positive(name)
+        if self.max_logprobs < 0:
+            raise ValueError(f"max_logprobs must be >= 0, got {self.max_logprobs}")
         if not 0 < self.gil_switch_interval_ms <= 1000:
             raise ValueError(
                 f"gil_switch_interval_ms must be in (0, 1000], got {self.gil_switch_interval_ms}"
@@ -321,6 +361,14 @@ class EngineConfig:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
         if self.state_cache_fraction is not None and not 0 <= self.state_cache_fraction < 1:
             raise ValueError(f"state_cache_fraction must be in [0, 1), got {self.state_cache_fraction}")
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ValueError("enable_auto_tool_choice needs tool_call_parser (the model's tool-call format)")
+        template = self.chat_template
+        if template is not None and not _inline_template(template) and not os.path.isfile(template):
+            raise ValueError(
+                f"chat_template {template!r} is neither a file nor a template (a template holds {{, }} "
+                "or a newline)"
+            )
 
     def _check_host_tier(self) -> None:
         if self.host_tier is not None and not self.prefix_caching:
@@ -340,6 +388,11 @@ class EngineConfig:
         host, _, port = self.mooncake_master.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"mooncake_master must be HOST:PORT, got {self.mooncake_master!r}")
+
+
+def _inline_template(value: str) -> bool:
+    """A --chat-template value that is the template itself rather than a path (vLLM's rule)."""
+    return any(c in value for c in "{}\n")
 
 
 def _choices(hint: Any) -> tuple[Any, ...]:

@@ -3,7 +3,8 @@
 `Tokenizer.from_dir(path)` reads `tokenizer.json` (the `tokenizers` library runs it) and
 `tokenizer_config.json` (chat template, special tokens); a `chat_template.jinja` next to them wins over
 the config's template, as newer HF exports write it there. Chat templates are rendered by jinja2 in a
-sandbox with the helpers HF templates expect (`raise_exception`, `tojson`, `strftime_now`). The embedded
+sandbox with the helpers HF templates expect (`raise_exception`, `tojson`, `strftime_now`) and HF's
+assistant-mask tags `{% generation %}…{% endgeneration %}` (their body renders as is). The embedded
 default tokenizer lives in `default_tokenizer.py`.
 """
 
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import jinja2.ext
+import jinja2.nodes
 import tokenizers
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken
@@ -94,6 +97,18 @@ class Tokenizer:
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    @cached_property
+    def special_token_texts(self) -> frozenset[str]:
+        """The texts of the tokens `decode(..., skip_special_tokens=True)` drops."""
+        return frozenset(t.content for t in self.backend.get_added_tokens_decoder().values() if t.special)
+
+    def with_chat_template(self, template: str) -> Tokenizer:
+        """This tokenizer rendering chats with `template` (the same backend)."""
+        _compile(template)  # a template that does not parse fails here, not on the first request
+        other = Tokenizer(self.backend, template, self.special_tokens)
+        other.eos_token_ids = self.eos_token_ids
+        return other
 
     def apply_chat_template(
         self,
@@ -178,6 +193,32 @@ class Tokenizer:
         return plain
 
 
+def load_chat_template(value: str) -> str:
+    """A `--chat-template` value: the file it names, or else the template itself when it holds `{`, `}`
+    or a newline (vLLM's rule). ValueError when it is neither, ChatTemplateError when it does not parse."""
+    path = Path(value)
+    if path.is_file():
+        template = path.read_text()
+    elif any(c in value for c in "{}\n"):
+        template = value
+    else:
+        raise ValueError(f"chat template {value!r} is neither a file nor a template")
+    _compile(template)
+    return template
+
+
+class JsonObject(dict):
+    """A tool call's `arguments` object parsed from the JSON text a client sent: templates iterate it as
+    a dict (`arguments|items`), and `tojson` without options writes back `text`, the client's exact
+    text, so a turn the model generated renders as the same tokens (the prefix cache's hit)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, value: dict, text: str):
+        super().__init__(value)
+        self.text = text
+
+
 def _read_json(path: Path) -> dict:
     if not path.is_file():
         return {}
@@ -227,6 +268,8 @@ def _tojson(
     sort_keys: bool = False,
 ) -> str:
     # jinja2's own `tojson` HTML-escapes <, >, & and '; prompts need the plain JSON.
+    if isinstance(value, JsonObject) and indent is None and separators is None and not sort_keys:
+        return value.text
     return json.dumps(
         value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
     )
@@ -236,10 +279,21 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+class _GenerationTags(jinja2.ext.Extension):
+    """`{% generation %}…{% endgeneration %}`: HF marks the assistant's tokens for training masks with
+    them; rendering a prompt keeps the body as it is."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> list[jinja2.nodes.Node]:
+        next(parser.stream)  # the `generation` name
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
 @lru_cache(maxsize=16)
 def _compile(template: str) -> jinja2.Template:
     env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _GenerationTags]
     )
     env.filters["tojson"] = _tojson
     env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now)

@@ -7,9 +7,12 @@
     GET  /v1/models            the one served model
     POST /v1/completions       server/serving_completion.py
     POST /v1/chat/completions  server/serving_chat.py
-With an API key set, /v1/* need `Authorization: Bearer <key>` (401 otherwise); the rest stay open, as in
-vLLM. Request bodies are read here: over `max_request_body_bytes` → 413; not JSON, not UTF-8, wrong
-types → 400, all as OpenAI-style error JSON (server/errors.py).
+    POST /v1/messages          Anthropic Messages, server/anthropic/ (and /v1/messages/count_tokens)
+    POST /v1/responses         OpenAI Responses, stateless, server/responses/
+With an API key set, /v1/* need `Authorization: Bearer <key>` or `x-api-key: <key>` (Anthropic's header;
+401 otherwise); the rest stay open, as in vLLM. Request bodies are read here: over `max_request_body_bytes`
+→ 413; not JSON, not UTF-8, wrong types → 400, all as OpenAI-style error JSON (Anthropic's shape under
+/v1/messages: server/errors.py).
 """
 
 from __future__ import annotations
@@ -35,12 +38,17 @@ from flashstate.config import EngineConfig
 from flashstate.engine.async_engine import AsyncEngine
 from flashstate.engine.llm_engine import LLMEngine
 from flashstate.gc_pauses import GEN0_THRESHOLD, for_serving
+from flashstate.server.anthropic.protocol import CountTokensRequest, MessagesRequest
+from flashstate.server.anthropic.serving import AnthropicServingMessages
 from flashstate.server.errors import APIError, from_validation_error, install_handlers
 from flashstate.server.metrics import ServerMetrics
 from flashstate.server.protocol import ChatCompletionRequest, CompletionRequest, now
+from flashstate.server.responses.protocol import ResponsesRequest
+from flashstate.server.responses.serving import OpenAIServingResponses
 from flashstate.server.serving_chat import OpenAIServingChat
 from flashstate.server.serving_completion import OpenAIServingCompletion
 from flashstate.server.serving_engine import ClientGone
+from flashstate.tokenizer import load_chat_template
 
 logger = logging.getLogger("flashstate.server")
 M = TypeVar("M", bound=BaseModel)
@@ -88,6 +96,8 @@ def build_app(engine: AsyncEngine, config: EngineConfig) -> FastAPI:
     metrics = ServerMetrics(engine, name)
     completions = OpenAIServingCompletion(engine, config, name, metrics)
     chat = OpenAIServingChat(engine, config, name, metrics)
+    messages = AnthropicServingMessages(chat)
+    responses = OpenAIServingResponses(chat)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -106,17 +116,20 @@ def build_app(engine: AsyncEngine, config: EngineConfig) -> FastAPI:
     tenants = [hashlib.sha256(k).hexdigest()[:16] for k in keys]
 
     def authorize(raw: Request) -> None:
-        """Check the bearer key; its tenant (a digest of the key) goes to `raw.state.tenant`."""
+        """Check the bearer key (or Anthropic's `x-api-key` header, when there is no bearer key); its
+        tenant (a digest of the key) goes to `raw.state.tenant`."""
         if not keys:
             return
         scheme, _, token = raw.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer":
+            scheme, token = "bearer", raw.headers.get("x-api-key", "")
         # Header values arrive as latin-1 text: compared as bytes, any byte in them is only a wrong key.
         given = token.strip().encode("latin-1", "replace")
         matches = [hmac.compare_digest(given, key) for key in keys]  # every key compared: no early exit
-        if scheme.lower() != "bearer" or not any(matches):
+        if not given or not any(matches):
             raise APIError(
                 HTTPStatus.UNAUTHORIZED,
-                "Missing or incorrect API key: send 'Authorization: Bearer <key>'.",
+                "Missing or incorrect API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'.",
                 code="invalid_api_key",
             )
         raw.state.tenant = tenants[matches.index(True)]
@@ -193,6 +206,30 @@ def build_app(engine: AsyncEngine, config: EngineConfig) -> FastAPI:
             await read_body(raw, ChatCompletionRequest, config.max_request_body_bytes), raw
         )
 
+    @app.post("/v1/messages", openapi_extra=body_schema(MessagesRequest, "/v1/messages"))
+    async def create_message(raw: Request) -> Response:
+        authorize(raw)
+        return await messages.create(
+            await read_body(raw, MessagesRequest, config.max_request_body_bytes), raw
+        )
+
+    @app.post(
+        "/v1/messages/count_tokens",
+        openapi_extra=body_schema(CountTokensRequest, "/v1/messages/count_tokens"),
+    )
+    async def count_message_tokens(raw: Request) -> dict:
+        authorize(raw)
+        return await messages.count_tokens(
+            await read_body(raw, CountTokensRequest, config.max_request_body_bytes)
+        )
+
+    @app.post("/v1/responses", openapi_extra=body_schema(ResponsesRequest, "/v1/responses"))
+    async def create_response(raw: Request) -> Response:
+        authorize(raw)
+        return await responses.create(
+            await read_body(raw, ResponsesRequest, config.max_request_body_bytes), raw
+        )
+
     return app
 
 
@@ -225,6 +262,8 @@ def serve(config: EngineConfig) -> int:
             server.should_exit = True  # uvicorn's main loop reads it every tick
 
     sock = listen_socket(config.host, config.port)  # a busy port fails here, before the model loads
+    if config.chat_template is not None:
+        load_chat_template(config.chat_template)  # a bad --chat-template fails before the model loads
     engine = AsyncEngine(config, on_dead=on_dead)
     frozen = for_serving()
     logger.info(

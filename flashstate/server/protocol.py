@@ -3,13 +3,16 @@ a wrong type is a 400 naming the field, never a silent coercion. Unknown fields 
 clients send fields a server may not know.
 
 Extensions (vLLM names): `top_k`, `min_p`, `ignore_eos`, `stop_token_ids`, `include_stop_str_in_output`,
-`skip_special_tokens`, `cache_salt`; chat also `chat_template_kwargs` and `add_generation_prompt`.
+`skip_special_tokens`, `cache_salt`; chat also `chat_template_kwargs`, `add_generation_prompt` and
+`include_reasoning`.
 Not supported, answered with 400 when asked for: `n` > 1, `best_of` > 1, `echo`, `suffix`, non-zero
-penalties, `logit_bias`, non-text content parts, `response_format` other than text.
+penalties, `logit_bias`, non-text content parts.
+Output constraints (`response_format`, `structured_outputs`, `guided_*`): server/structured_fields.py.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, Literal
 
@@ -17,6 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from flashstate.sampling_params import SamplingParams
 from flashstate.server.errors import bad_request
+from flashstate.server.structured_fields import ResponseFormat, StructuredOutputsField, structured_output
+from flashstate.tokenizer import JsonObject
 
 MAX_CACHE_SALT_CHARS = 1024
 
@@ -59,6 +64,14 @@ class _SamplingFields(_Strict):
     return_token_ids: bool = False  # vLLM: generated token ids on each choice (delta ids when streaming)
     # vLLM: prefix-cache hits only between requests of the same salt (multi-tenant isolation)
     cache_salt: str | None = Field(default=None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)
+    # output constraints (server/structured_fields.py)
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsField | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
 
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         """Build SamplingParams; its ValueError ("top_p must be ...") becomes a 400 naming the field."""
@@ -85,6 +98,7 @@ class _SamplingFields(_Strict):
             "logprobs": logprobs,
             "include_stop_str_in_output": self.include_stop_str_in_output,
             "skip_special_tokens": self.skip_special_tokens,
+            "structured_output": structured_output(self),  # compiled here: a 400 naming its field
         }
         try:
             # None: the field's default, except max_tokens, where None means up to max_model_len.
@@ -156,14 +170,35 @@ class ChatMessage(_Open):
     tool_call_id: str | None = None
 
     def to_template(self) -> dict[str, Any]:
-        """The message as the chat template sees it (OpenAI shape; unset fields left out)."""
+        """The message as the chat template sees it (OpenAI shape; unset fields left out). As in vLLM:
+        `content: null` beside `tool_calls` is "" (templates concatenate it), and each call's `arguments`
+        JSON text is an object (templates iterate `arguments|items`) that writes back as the same text."""
         if isinstance(self.content, list):
             bad = next((p.type for p in self.content if p.type != "text"), None)
             if bad is not None:
                 raise bad_request(f"content parts of type {bad!r} are not supported (text only)")
         if self.content is None and not self.tool_calls:
             raise bad_request(f"a {self.role} message needs content or tool_calls", param="messages")
-        return self.model_dump(exclude_none=True)
+        message = self.model_dump(exclude_none=True)
+        if self.content is None:
+            message["content"] = ""
+        for call in message.get("tool_calls", ()):
+            call["function"]["arguments"] = _arguments_object(call["function"]["arguments"])
+        return message
+
+
+def _arguments_object(arguments: str | dict[str, Any]) -> str | dict[str, Any]:
+    """A call's `arguments` as a dict: JSON text of an object parses (keeping its text for `tojson`);
+    anything else (a dict already, text that is no JSON object) stays as it is, for templates that print
+    it."""
+    if not isinstance(arguments, str):
+        return arguments
+    text = arguments if arguments.strip() else "{}"
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return arguments
+    return JsonObject(value, text) if isinstance(value, dict) else arguments
 
 
 class FunctionDef(_Open):
@@ -182,10 +217,6 @@ class NamedToolChoice(_Strict):
     function: dict[str, str]
 
 
-class ResponseFormat(_Open):
-    type: str
-
-
 class ChatCompletionRequest(_SamplingFields):
     """POST /v1/chat/completions. `tools` and `tool_choice` reach the chat template; assistant messages may
     carry `tool_calls`, and `tool` messages the results."""
@@ -198,13 +229,11 @@ class ChatCompletionRequest(_SamplingFields):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    response_format: ResponseFormat | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
+    include_reasoning: bool = True  # vLLM: False drops the reasoning a reasoning parser splits off
 
     def to_sampling_params(self) -> SamplingParams:
-        if self.response_format is not None and self.response_format.type != "text":
-            raise bad_request("response_format other than text is not supported", param="response_format")
         if self.top_logprobs is not None:
             if not self.logprobs:
                 raise bad_request("top_logprobs needs logprobs=true", param="top_logprobs")

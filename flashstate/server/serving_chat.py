@@ -3,7 +3,8 @@ results) rendered by the model's chat template, then generated like a completion
 where each message ends go to the engine as `checkpoint_positions`: where the prefix cache may keep a
 checkpoint, because the agent's next turn re-sends exactly those prefixes.
 
-The reply is the generated text as `content`; tool calls in it are not parsed into `tool_calls` yet."""
+The reply's message: the generated text as `content`, or, with tools or a reasoning parser, its
+`reasoning_content`, `content` and `tool_calls` as chat_tools.py reads them (whole, or as deltas)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,12 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from flashstate.engine.async_engine import EngineError
+from flashstate.config import EngineConfig
+from flashstate.engine.async_engine import AsyncEngine, EngineError
 from flashstate.engine.output.request_output import RequestOutput
+from flashstate.server.chat_tools import ChatParsing, OutputPlan
 from flashstate.server.errors import bad_request
+from flashstate.server.metrics import ServerMetrics
 from flashstate.server.protocol import ChatCompletionRequest, now, usage
 from flashstate.server.serving_engine import (
     OpenAIServing,
@@ -26,7 +30,7 @@ from flashstate.server.serving_engine import (
     new_id,
     sse,
 )
-from flashstate.tokenizer import ChatTemplateError, Tokenizer
+from flashstate.tokenizer import ChatTemplateError, Tokenizer, load_chat_template
 
 _RESERVED_KWARGS = {"messages", "tools", "add_generation_prompt"}
 
@@ -35,6 +39,12 @@ class OpenAIServingChat(OpenAIServing):
     """The chat pipeline every dialect runs through: `completion` gives the body of a non-streamed reply,
     `completion_chunks` the chunks of a streamed one, both as OpenAI chat-completion dicts (the Anthropic
     Messages and Responses front ends translate from these); `create` serves them over HTTP."""
+
+    def __init__(self, engine: AsyncEngine, config: EngineConfig, model_name: str, metrics: ServerMetrics):
+        super().__init__(engine, config, model_name, metrics)
+        if config.chat_template is not None:
+            self.tokenizer = self.tokenizer.with_chat_template(load_chat_template(config.chat_template))
+        self.parsing = ChatParsing(config, self.tokenizer)
 
     async def create(self, req: ChatCompletionRequest, raw: Request) -> Response:
         if req.stream:
@@ -45,25 +55,33 @@ class OpenAIServingChat(OpenAIServing):
 
     async def _start(
         self, req: ChatCompletionRequest, raw: Request
-    ) -> tuple[dict[str, Any], RequestOutput, AsyncIterator[RequestOutput]]:
+    ) -> tuple[dict[str, Any], RequestOutput, AsyncIterator[RequestOutput], OutputPlan, str]:
         self.check_model(req.model)
-        params = req.to_sampling_params()
-        prompt, positions = await asyncio.to_thread(render_chat, self.tokenizer, req)
+        plan = self.parsing.plan(req)
+        params = plan.sampling_params(req.to_sampling_params())
+        text, prompt, positions = await asyncio.to_thread(_render, self.tokenizer, req)
         request_id, created = new_id("chatcmpl"), now()
         (first,), (stream,) = await self.generate(
             raw, [prompt], params, request_id, positions, req.cache_salt
         )
-        return {"id": request_id, "created": created, "model": self.model_name}, first, stream
+        head = {"id": request_id, "created": created, "model": self.model_name}
+        return head, first, stream, plan, text
 
     async def completion(self, req: ChatCompletionRequest, raw: Request) -> dict[str, Any]:
         """The chat.completion body; raises APIError (4xx/5xx) on a bad request or a failed engine."""
-        head, first, stream = await self._start(req, raw)
+        head, first, stream, plan, prompt = await self._start(req, raw)
         out = await self.collect(raw, last_output(first, stream))
+        parser = plan.parser(prompt, streamed=False)
+        if parser is None:
+            message, finish_reason = {"role": "assistant", "content": out.text}, out.finish_reason
+        else:
+            message = parser.message(out.text)
+            finish_reason = plan.finish_reason(out.finish_reason, parser.called)
         choice = {
             "index": 0,
-            "message": {"role": "assistant", "content": out.text},
+            "message": message,
             "logprobs": self._logprobs(out.token_ids, out.logprobs) if req.logprobs else None,
-            "finish_reason": out.finish_reason,
+            "finish_reason": finish_reason,
             "stop_reason": out.stop_reason,
         }
         return {
@@ -80,8 +98,9 @@ class OpenAIServingChat(OpenAIServing):
         """The chat.completion.chunk dicts of a streamed reply. The first item is None, yielded once the
         request is accepted (errors before it raise APIError); an engine failure mid-stream raises
         EngineError after the chunks so far."""
-        head, first, stream = await self._start(req, raw)
+        head, first, stream, plan, prompt = await self._start(req, raw)
         head = {**head, "object": "chat.completion.chunk"}
+        parser = plan.parser(prompt, streamed=True)
         yield None
 
         def chunk(delta: dict[str, Any], finish_reason: str | None, out: RequestOutput, logprobs=None):
@@ -93,13 +112,20 @@ class OpenAIServingChat(OpenAIServing):
 
         def delta(out: RequestOutput) -> dict[str, Any] | None:
             n = len(out.delta_token_ids)
-            if not (out.delta_text or out.finished or (req.logprobs and n)):
+            finish_reason = out.finish_reason if out.finished else None
+            if parser is None:
+                content = {"content": out.delta_text} if out.delta_text else {}
+            else:
+                content = parser.feed(out.delta_text) or {}
+                if out.finished:
+                    content = _merge(content, parser.finish() or {})
+                    finish_reason = plan.finish_reason(out.finish_reason, parser.called)
+            if not (content or out.finished or (req.logprobs and n)):
                 return None  # nothing to send yet (e.g. text held back as a possible stop string)
             logprobs = None
             if req.logprobs:
                 logprobs = self._logprobs(out.delta_token_ids, (out.logprobs or [])[-n:] if n else [])
-            content = {"content": out.delta_text} if out.delta_text else {}
-            return chunk(content, out.finish_reason if out.finished else None, out, logprobs)
+            return chunk(content, finish_reason, out, logprobs)
 
         last = first
         try:
@@ -136,6 +162,12 @@ class OpenAIServingChat(OpenAIServing):
 
 def render_chat(tokenizer: Tokenizer, req: ChatCompletionRequest) -> tuple[list[int], list[int]]:
     """Prompt token ids, and the positions where messages end (Tokenizer.chat_message_boundaries)."""
+    _, ids, positions = _render(tokenizer, req)
+    return ids, positions
+
+
+def _render(tokenizer: Tokenizer, req: ChatCompletionRequest) -> tuple[str, list[int], list[int]]:
+    """The prompt's text, its token ids, and the positions where messages end."""
     messages = [m.to_template() for m in req.messages]
     tools = req.template_tools()
     kwargs = req.template_kwargs()
@@ -148,7 +180,18 @@ def render_chat(tokenizer: Tokenizer, req: ChatCompletionRequest) -> tuple[list[
         positions = tokenizer.chat_message_boundaries(messages, tools, req.add_generation_prompt, **kwargs)
     except ChatTemplateError as e:
         raise bad_request(str(e), param="messages") from e
-    return tokenizer.encode(text, add_special_tokens=False), positions
+    return text, tokenizer.encode(text, add_special_tokens=False), positions
+
+
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Two chunk deltas as one: text fields joined, tool-call pieces in order."""
+    out = dict(a)
+    for key, value in b.items():
+        if key == "tool_calls":
+            out[key] = [*out.get(key, []), *value]
+        else:
+            out[key] = out.get(key, "") + value
+    return out
 
 
 def _usage(out: RequestOutput) -> dict[str, Any]:

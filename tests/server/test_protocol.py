@@ -114,10 +114,12 @@ def test_tools_reach_the_template():
         "tool_choice": {"type": "function", "function": {"name": "ls"}},
     }
     call, result = (m.to_template() for m in req.messages)
-    assert call == {
+    assert call == {  # as vLLM gives templates: content "" beside calls, arguments as an object
         "role": "assistant",
-        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}],
+        "content": "",
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "ls", "arguments": {}}}],
     }
+    assert call["tool_calls"][0]["function"]["arguments"].text == "{}"  # what `tojson` writes back
     assert result == {"role": "tool", "tool_call_id": "c1", "content": "a.py", "reasoning_content": "kept"}
 
 
