@@ -2,11 +2,14 @@
 
     HTTP <status>  {"error": {"message": str, "type": str, "param": str | null, "code": str | null}}
 
-with the `type` OpenAI uses for the status (invalid_request_error for 4xx, server_error for 5xx)."""
+with the `type` OpenAI uses for the status (invalid_request_error for 4xx, server_error for 5xx). Under
+ANTHROPIC_PATHS (the Anthropic Messages API) the same failures take Anthropic's shape,
+`{"type": "error", "error": {"type": <Anthropic's type for the status>, "message": str}}`."""
 
 from __future__ import annotations
 
 from http import HTTPStatus
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -33,9 +36,32 @@ class APIError(Exception):
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
-    def response(self) -> JSONResponse:
+    def anthropic_body(self) -> dict[str, Any]:
+        fallback = "api_error" if self.status >= 500 else "invalid_request_error"
+        kind = _ANTHROPIC_TYPES.get(self.status, fallback)
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
+    def response(self, anthropic: bool = False) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if self.status == HTTPStatus.UNAUTHORIZED else None
-        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+        body = self.anthropic_body() if anthropic else self.body()
+        return JSONResponse(body, status_code=self.status, headers=headers)
+
+
+ANTHROPIC_PATHS = ("/v1/messages",)  # and below it: /v1/messages/count_tokens
+_ANTHROPIC_TYPES = {
+    HTTPStatus.BAD_REQUEST: "invalid_request_error",
+    HTTPStatus.UNAUTHORIZED: "authentication_error",
+    HTTPStatus.FORBIDDEN: "permission_error",
+    HTTPStatus.NOT_FOUND: "not_found_error",
+    HTTPStatus.REQUEST_ENTITY_TOO_LARGE: "request_too_large",
+    HTTPStatus.TOO_MANY_REQUESTS: "rate_limit_error",
+    HTTPStatus.SERVICE_UNAVAILABLE: "overloaded_error",
+}
+
+
+def is_anthropic(request: Request) -> bool:
+    path = request.url.path
+    return any(path == p or path.startswith(p + "/") for p in ANTHROPIC_PATHS)
 
 
 def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> APIError:
@@ -66,16 +92,16 @@ def from_validation_error(e: ValidationError) -> APIError:
 
 def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, e: APIError) -> JSONResponse:
-        return e.response()
+    async def _api_error(request: Request, e: APIError) -> JSONResponse:
+        return e.response(is_anthropic(request))
 
     @app.exception_handler(HTTPException)
-    async def _http_error(_: Request, e: HTTPException) -> JSONResponse:
+    async def _http_error(request: Request, e: HTTPException) -> JSONResponse:
         code = HTTPStatus(e.status_code).phrase.lower().replace(" ", "_")
-        return APIError(e.status_code, str(e.detail), code=code).response()
+        return APIError(e.status_code, str(e.detail), code=code).response(is_anthropic(request))
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, e: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, e: Exception) -> JSONResponse:
         return APIError(
             HTTPStatus.INTERNAL_SERVER_ERROR, f"internal error: {e}", code="internal_error"
-        ).response()
+        ).response(is_anthropic(request))
