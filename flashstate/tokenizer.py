@@ -268,7 +268,8 @@ def _tojson(
     sort_keys: bool = False,
 ) -> str:
     # jinja2's own `tojson` HTML-escapes <, >, & and '; prompts need the plain JSON.
-    if isinstance(value, JsonObject) and indent is None and separators is None and not sort_keys:
+    plain = not ensure_ascii and indent is None and separators is None and not sort_keys
+    if plain and isinstance(value, JsonObject):
         return value.text
     return json.dumps(
         value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from flashstate.config import EngineConfig
+from flashstate.engine.structured import compile_grammar
 from flashstate.sampling_params import SamplingParams
 from flashstate.server.errors import bad_request
 from flashstate.server.protocol import ChatCompletionRequest, NamedToolChoice
@@ -233,6 +234,13 @@ class ChatParsing:
         elif mode == "named":
             assert named is not None
             structured = constraint(named_schema(tools, named))
+        if structured is not None:
+            try:
+                compile_grammar(structured)  # cached: the engine's matcher reuses it
+            except ValueError as e:
+                raise bad_request(
+                    f"tools: a parameters schema cannot constrain the output: {e}", "tools"
+                ) from e
         reasoning = self.reasoning_parser if mode in ("none", "auto") else None
         needed = set(reasoning.special_tokens if reasoning is not None else ())
         if mode == "auto" and self.tool_parser is not None:

@@ -196,7 +196,7 @@ def _arguments_object(arguments: str | dict[str, Any]) -> str | dict[str, Any]:
     text = arguments if arguments.strip() else "{}"
     try:
         value = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         return arguments
     return JsonObject(value, text) if isinstance(value, dict) else arguments
 

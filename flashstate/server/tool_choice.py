@@ -70,6 +70,14 @@ def named_schema(tools: list[Mapping[str, Any]], name: str) -> dict[str, Any]:
     return _parameters(function)
 
 
+def _key(raw: str) -> str:
+    """An object key from the text between its quotes ("" when its escapes are not JSON's)."""
+    try:
+        return json.loads('"' + raw + '"')
+    except ValueError:
+        return ""
+
+
 def constraint(schema: dict[str, Any]) -> StructuredOutput:
     return StructuredOutput(json=schema)
 
@@ -205,7 +213,7 @@ class RequiredCallsParser:
         elif self._member == "key" and c == "}":
             self._close_item()
         elif self._member == "colon" and c == ":":
-            self._member, self._value_key = "value_start", json.loads('"' + "".join(self._key) + '"')
+            self._member, self._value_key = "value_start", _key("".join(self._key))
         elif self._member == "value_start":
             self._member, self._value = "value", []
             self._value_kind = "container" if c in "{[" else "string" if c == '"' else "scalar"

@@ -429,7 +429,7 @@ def test_generation_tags_render_their_body(tiny_model_dir):
 @pytest.fixture(scope="module")
 def server(module_tmp):
     args = ["--max-model-len", "4k", "--prefill-cost-coefficients", "1e-5", "1e-10"]
-    args += ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    args += ["--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"]
     with running_server(module_tmp, args) as s:
         yield s
 
@@ -573,3 +573,55 @@ def test_a_qwen_style_template_renders_content_null_beside_tool_calls(plain_serv
         with_history = out.usage.prompt_tokens
         out = c.chat.completions.create(model=MODEL, messages=USER, max_tokens=2, temperature=0.0)
         assert with_history > out.usage.prompt_tokens
+
+
+# Text in the Qwen3 thinking format, forced by a regex (`structured_outputs`, vLLM's field): the parsers
+# then read real model output through the server's "auto" path.
+THINK_THEN_CALL = (
+    r"Paris, (three|four) days\.</think>\n\nChecking\.\n<tool_call>\n"
+    r'\{"name": "get_weather", "arguments": \{"city": "(Paris|Lima)", "days": [1-7]\}\}\n</tool_call>'
+)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_auto_reads_reasoning_content_and_calls_out_of_the_text(client, stream):
+    kw = dict(messages=USER, tools=TOOLS, max_tokens=200, seed=3)
+    kw["extra_body"] = {"structured_outputs": {"regex": THINK_THEN_CALL}}
+    if stream:
+        message, finish = stream_message(client, **kw)
+        reasoning, content = message["reasoning_content"], message["content"]
+        (call,) = message["tool_calls"]
+        name, arguments = call["function"]["name"], call["function"]["arguments"]
+    else:
+        choice = client.chat.completions.create(model=MODEL, **kw).choices[0]
+        finish, m = choice.finish_reason, choice.message
+        reasoning, content = m.model_extra["reasoning_content"], m.content
+        assert m.model_extra["reasoning"] == reasoning  # vLLM's newer name for it
+        ((name, arguments),) = [(c.function.name, c.function.arguments) for c in m.tool_calls]
+    assert finish == "tool_calls"
+    assert reasoning.startswith("Paris, ") and reasoning.endswith(" days.")
+    assert content == "Checking."
+    assert name == "get_weather"
+    jsonschema.validate(json.loads(arguments), WEATHER)
+
+
+def test_reasoning_streamed_equals_whole_and_can_be_left_out(client):
+    kw = dict(messages=USER, max_tokens=100, seed=4)
+    kw["extra_body"] = {"structured_outputs": {"regex": r"[a-z ]{5,40}</think>\n\n[A-Z][a-z]{2,20}\."}}
+    whole = client.chat.completions.create(model=MODEL, **kw).choices[0].message
+    streamed, finish = stream_message(client, **kw)
+    assert finish == "stop"
+    assert streamed["reasoning_content"] == whole.model_extra["reasoning_content"]
+    assert streamed["content"] == whole.content and whole.content.endswith(".")
+    kw["extra_body"]["include_reasoning"] = False
+    hidden = client.chat.completions.create(model=MODEL, **kw).choices[0].message
+    assert hidden.model_extra["reasoning_content"] is None and hidden.content == whole.content
+
+
+def test_a_tool_schema_that_cannot_constrain_is_a_400(server):
+    bad = [{"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}]
+    body = {"model": MODEL, "messages": USER, "tools": bad, "tool_choice": "required"}
+    err = assert_error(*server.post_json("/v1/chat/completions", body), 400)
+    assert err["param"] == "tools" and "nonsense" in err["message"]
+    both = {**body, "tools": TOOLS, "response_format": {"type": "json_object"}}
+    assert assert_error(*server.post_json("/v1/chat/completions", both), 400)["param"] == "tool_choice"
