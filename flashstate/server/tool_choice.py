@@ -41,7 +41,10 @@ def required_schema(tools: list[Mapping[str, Any]], parallel: bool = True) -> di
     for tool in tools:
         function = tool["function"]
         params = _parameters(function)
-        for name, schema in (params.pop("$defs", None) or {}).items():
+        own = params.pop("$defs", None) or {}
+        if not isinstance(own, Mapping):
+            raise bad_request(f"tools: $defs of {function['name']!r} must be an object", param="tools")
+        for name, schema in own.items():
             if name in defs and defs[name] != schema:
                 raise bad_request(
                     f"tools define $defs/{name} differently; tool_choice required needs them to agree",
