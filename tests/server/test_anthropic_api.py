@@ -26,8 +26,9 @@ WEATHER = {
     "description": "The weather in a city.",
     "input_schema": {
         "type": "object",
-        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "properties": {"city": {"enum": ["Paris", "Rome"]}, "days": {"type": "integer", "maximum": 9}},
         "required": ["city"],
+        "additionalProperties": False,
     },
 }
 
@@ -196,15 +197,15 @@ def test_tool_choice_any_gives_tool_use_blocks_matching_the_schema(client):
         max_tokens=200,
         messages=[{"role": "user", "content": "What is the weather in Paris?"}],
         tools=[WEATHER],
-        tool_choice={"type": "any"},
+        tool_choice={"type": "any", "disable_parallel_tool_use": True},
         **GREEDY,
     )
     if m.stop_reason == "max_tokens" or not isinstance(getattr(m.content[-1], "input", None), dict):
         pytest.xfail("tool_choice any does not force a valid call yet (structured outputs not in this tree)")
     calls = [b for b in m.content if b.type == "tool_use"]
-    assert calls and m.stop_reason == "tool_use"
+    assert len(calls) == 1 and m.stop_reason == "tool_use"
     for call in calls:
-        assert call.name == "get_weather" and isinstance(call.input["city"], str)
+        assert call.name == "get_weather" and call.input["city"] in ("Paris", "Rome")
         assert set(call.input) <= {"city", "days"} and isinstance(call.input.get("days", 0), int)
 
 
@@ -396,3 +397,20 @@ def test_stream_translation_accumulates_to_the_plain_message():
         "cache_read_input_tokens": 20,
         "cache_creation_input_tokens": 0,
     }
+
+
+def test_streamed_tool_use_block(client):
+    with client.messages.stream(
+        model=MODEL,
+        max_tokens=200,
+        messages=[{"role": "user", "content": "What is the weather in Rome?"}],
+        tools=[WEATHER],
+        tool_choice={"type": "any", "disable_parallel_tool_use": True},
+        **GREEDY,
+    ) as stream:
+        kinds = [(e.type, getattr(getattr(e, "delta", None), "type", None)) for e in stream]
+        final = stream.get_final_message()
+    if final.stop_reason != "tool_use":
+        pytest.xfail("tool_choice any does not force a valid call yet (structured outputs not in this tree)")
+    (call,) = [b for b in final.content if b.type == "tool_use"]
+    assert call.input["city"] in ("Paris", "Rome") and ("content_block_delta", "input_json_delta") in kinds

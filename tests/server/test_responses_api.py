@@ -29,8 +29,9 @@ WEATHER = {
     "description": "The weather in a city.",
     "parameters": {
         "type": "object",
-        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "properties": {"city": {"enum": ["Paris", "Rome"]}, "days": {"type": "integer", "maximum": 9}},
         "required": ["city"],
+        "additionalProperties": False,
     },
 }
 
@@ -151,6 +152,7 @@ def test_tool_choice_required_gives_function_calls_matching_the_schema(client):
         "What is the weather in Paris?",
         tools=[WEATHER],
         tool_choice="required",
+        parallel_tool_calls=False,
         max_output_tokens=200,
     )
     calls = [item for item in r.output if item.type == "function_call"]
@@ -158,9 +160,10 @@ def test_tool_choice_required_gives_function_calls_matching_the_schema(client):
         pytest.xfail(
             "tool_choice required does not force a valid call yet (structured outputs not in this tree)"
         )
+    assert len(calls) == 1 and r.status == "completed"
     for call in calls:
         args = json.loads(call.arguments)
-        assert call.name == "get_weather" and isinstance(args["city"], str) and call.call_id
+        assert call.name == "get_weather" and args["city"] in ("Paris", "Rome") and call.call_id
         assert call.id.startswith("fc_") and call.status == "completed"
 
 
@@ -366,3 +369,30 @@ def test_stream_translation_accumulates_to_the_plain_response():
     assert plain.usage.output_tokens_details.reasoning_tokens == len("The user wants the weather.")
     assert state._completed_response is not None
     assert [i.type for i in state._completed_response.output] == [i.type for i in plain.output]
+
+
+def test_streamed_function_call(client):
+    events = list(
+        create(
+            client,
+            "What is the weather in Rome?",
+            tools=[WEATHER],
+            tool_choice="required",
+            parallel_tool_calls=False,
+            max_output_tokens=200,
+            stream=True,
+        )
+    )
+    final = events[-1].response
+    calls = [item for item in final.output if item.type == "function_call"]
+    if not calls or final.status == "incomplete":
+        pytest.xfail(
+            "tool_choice required does not force a valid call yet (structured outputs not in this tree)"
+        )
+    (call,) = calls
+    deltas = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    (done,) = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert deltas == done.arguments == call.arguments and json.loads(call.arguments)["city"] in (
+        "Paris",
+        "Rome",
+    )
