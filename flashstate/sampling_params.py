@@ -11,11 +11,19 @@ Conventions that differ from a literal copy of vLLM's fields:
 - Values a request may carry are bounded here (finite floats, ints that fit the kernels, list sizes);
   bounds that depend on the model (the vocabulary for stop ids, top-k) are checked by the engine.
 - `logprobs=k` asks for the chosen token's logprob plus the `k` most likely alternatives; `k = 0`
-  means the chosen token only.
+  means the chosen token only. Logprobs are vLLM's default "raw" mode: log-softmax of the model's logits
+  before penalties, bias, temperature or filters.
+- Penalties as vLLM's: `presence_penalty` and `frequency_penalty` (in [-2, 2]) over the generated tokens,
+  `repetition_penalty` (> 0) over prompt and generated tokens; `logit_bias` maps token id -> bias
+  (clamped to [-100, 100]); `allowed_token_ids` keeps only those ids; `min_tokens` masks eos and the stop
+  token ids until that many tokens are generated. Ids are checked against the vocabulary by the engine.
+- `n > 1` is served as n requests (branches) sharing the prompt's prefill: `branch(params, i)` gives
+  branch i's params (n = 1; seed + i when seeded, as vLLM's parallel sampling).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -29,6 +37,9 @@ GREEDY_TEMPERATURE = 1e-5
 MAX_STOP_STRINGS = 64
 MAX_STOP_STRING_CHARS = 1024
 MAX_STOP_TOKEN_IDS = 1024
+MAX_LOGIT_BIAS = 1024  # entries of logit_bias, and of allowed_token_ids
+MAX_N = 128  # branches of one request
+LOGIT_BIAS_RANGE = 100.0  # biases are clamped to [-100, 100], as OpenAI and vLLM do
 # torch.Generator.manual_seed's range.
 SEED_RANGE = (-(1 << 63), (1 << 64) - 1)
 
@@ -63,10 +74,16 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     structured_output: StructuredOutput | None = None  # a grammar the output must follow
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | tuple[int, ...] | None = None  # a tuple after __post_init__
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
-        if not _is_int(self.n) or self.n != 1:
-            raise ValueError(f"n must be 1 (parallel sampling is not supported), got {self.n!r}")
+        if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
+            raise ValueError(f"n must be an int in [1, {MAX_N}], got {self.n!r}")
         if not _is_number(self.temperature) or not self.temperature >= 0:
             raise ValueError(f"temperature must be a number >= 0, got {self.temperature!r}")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
@@ -89,8 +106,53 @@ class SamplingParams:
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        self._check_penalties()
         if self.structured_output is not None and not isinstance(self.structured_output, StructuredOutput):
             raise ValueError(f"structured_output must be a StructuredOutput, got {self.structured_output!r}")
+
+    def _check_penalties(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_number(value) or not -2 <= value <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {value!r}")
+        if not _is_number(self.repetition_penalty) or not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
+        if self.logit_bias is not None:
+            bias = self.logit_bias
+            if not isinstance(bias, dict) or not all(
+                _is_int(k) and k >= 0 and _is_number(v) for k, v in bias.items()
+            ):
+                raise ValueError(f"logit_bias must map token ids (ints >= 0) to numbers, got {bias!r}")
+            if len(bias) > MAX_LOGIT_BIAS:
+                raise ValueError(f"logit_bias may hold at most {MAX_LOGIT_BIAS} entries, got {len(bias)}")
+            clamped = {k: max(-LOGIT_BIAS_RANGE, min(LOGIT_BIAS_RANGE, float(v))) for k, v in bias.items()}
+            object.__setattr__(self, "logit_bias", clamped or None)
+        if self.allowed_token_ids is not None:
+            ids = self.allowed_token_ids
+            if not isinstance(ids, list | tuple) or not ids or not all(_is_int(i) and i >= 0 for i in ids):
+                raise ValueError(f"allowed_token_ids must be a non-empty list of token ids, got {ids!r}")
+            if len(ids) > MAX_LOGIT_BIAS:
+                raise ValueError(f"allowed_token_ids may hold at most {MAX_LOGIT_BIAS} ids, got {len(ids)}")
+            object.__setattr__(self, "allowed_token_ids", tuple(ids))
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be an int >= 0, got {self.min_tokens!r}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must be at most max_tokens ({self.max_tokens})")
+
+    @property
+    def penalised(self) -> bool:
+        """Presence, frequency or repetition penalty: the sampler needs the row's token counts."""
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Anything that changes the logits before sampling (penalties, bias, allowed ids, min_tokens)."""
+        return (
+            self.penalised
+            or self.logit_bias is not None
+            or self.allowed_token_ids is not None
+            or self.min_tokens > 0
+        )
 
     @property
     def greedy(self) -> bool:
@@ -127,6 +189,14 @@ def _normalise_stop_token_ids(ids: object) -> tuple[int, ...]:
     if len(ids) > MAX_STOP_TOKEN_IDS:
         raise ValueError(f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids, got {len(ids)}")
     return tuple(ids)
+
+
+def branch(params: SamplingParams, i: int) -> SamplingParams:
+    """Branch i of a request with `n` > 1: one sequence (n = 1), seeded `seed + i` when seeded."""
+    seed = params.seed
+    if seed is not None:
+        seed = (seed + i - SEED_RANGE[0]) % (SEED_RANGE[1] - SEED_RANGE[0] + 1) + SEED_RANGE[0]
+    return dataclasses.replace(params, n=1, seed=seed)
 
 
 def request_generator(params: SamplingParams, device: torch.device | str = "cpu") -> torch.Generator | None:

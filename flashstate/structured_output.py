@@ -78,7 +78,8 @@ class StructuredOutput:
         """A hashable key naming the constraint (for caching compiled grammars)."""
         kind = self.kind
         if kind == "json":
-            text = self.json if isinstance(self.json, str) else _json.dumps(self.json, sort_keys=True)
+            # not sorted: the schema's key order is the order its properties are generated in
+            text = self.json if isinstance(self.json, str) else _json.dumps(self.json)
             return (kind, text)
         if kind == "choice":
             return (kind, _json.dumps(list(self.choice)))

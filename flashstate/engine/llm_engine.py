@@ -11,6 +11,7 @@ strings.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import itertools
 import logging
@@ -31,17 +32,19 @@ from flashstate.device import resolve_device
 from flashstate.engine.calibration import load_or_calibrate, max_calibration_tokens
 from flashstate.engine.output.request_output import RequestOutput
 from flashstate.engine.output.stop_checker import Finish
-from flashstate.engine.request_state import RequestState
+from flashstate.engine.request_state import GRAMMAR_END, RequestState
 from flashstate.engine.scheduler import ScheduledBatch, Scheduler
 from flashstate.engine.stats_snapshot import snapshot
 from flashstate.engine.step_trace import StepTrace
-from flashstate.engine.worker.model_runner import InFlight, ModelRunner
-from flashstate.models.loader import load_model
+from flashstate.engine.structured import StructuredDecoding
+from flashstate.engine.worker.model_runner import InFlight, ModelRunner, StepOutput
+from flashstate.generation_config import generation_defaults
+from flashstate.models.loader import load_model, load_tokenizer
 from flashstate.ops.compile_watch import CompileWatch
 from flashstate.sampling_params import SamplingParams
 from flashstate.sequence import Sequence, SequenceStatus
 from flashstate.spec.model_spec import DTYPES
-from flashstate.tokenizer import Tokenizer
+from flashstate.spec.preset_configs import DEFAULT_PRESET
 
 logger = logging.getLogger("flashstate")
 # A sequence in this many failed steps fails, even if it never failed alone (see LLMEngine.recover).
@@ -55,7 +58,9 @@ class LLMEngine:
         self.config = config = config or EngineConfig()
         self.device = resolve_device(config.device)
         model_dir = config.model
-        if model_dir is None:
+        if model_dir is None and config.load_format == "dummy":
+            model_dir = DEFAULT_PRESET  # built on the device, nothing written
+        elif model_dir is None:
             from flashstate.models.presets import default_model_dir
 
             model_dir = str(default_model_dir())
@@ -64,6 +69,9 @@ class LLMEngine:
         self.tp = None  # TensorParallelDriver with tensor_parallel_size > 1: this process is rank 0
         if config.tensor_parallel_size > 1:
             from flashstate.distributed.driver import TensorParallelDriver
+
+            if config.load_format == "dummy":
+                raise ValueError("--load-format dummy with --tensor-parallel-size > 1 is not supported")
 
             self.tp = TensorParallelDriver(config, str(model_dir), self.device)
             self.device = self.tp.device
@@ -85,13 +93,21 @@ class LLMEngine:
 
     def _build(self, config: EngineConfig, model_dir: str, dtype: torch.dtype | None) -> None:
         shard = self.tp.shard if self.tp is not None else None
-        self.model = load_model(model_dir, dtype=dtype, device=self.device, shard=shard)
+        self.model = load_model(
+            model_dir, dtype=dtype, device=self.device, shard=shard, load_format=config.load_format,
+            seed=config.seed,
+        )  # fmt: skip
         if self.tp is not None:
             self.tp.group.attach(self.model)
         self.spec = self.model.spec
         self.dtype = next(self.model.parameters()).dtype
-        self.tokenizer = Tokenizer.from_dir(config.tokenizer or model_dir)
+        self.tokenizer = load_tokenizer(model_dir, config.tokenizer, config.load_format)
         self.eos_token_ids = tuple(self.tokenizer.eos_token_ids) or self.spec.eos_token_ids
+        # request-field defaults (--generation-config) the server applies to requests that leave them unset
+        self.generation_defaults = generation_defaults(config.generation_config, model_dir)
+        self.structured = StructuredDecoding(
+            self.tokenizer, self.spec.vocab_size, self.eos_token_ids, pin=self.device.type == "cuda"
+        )
         self.max_model_len = config.max_model_len or self.spec.max_position_embeddings
         fit = config.kv_cache_memory_bytes is None and self.device.type == "cuda"  # the budget is free memory
         self.plan: CachePlan = plan_cache(self.spec, config, self.dtype, self._cache_budget(), fit)
@@ -103,11 +119,15 @@ class LLMEngine:
             self.model = self.tp.model
         self.cost = self._prefill_cost(caches)
         self.runner = ModelRunner(self.model, caches, config.block_size, self.device, peers=self.tp)
+        self.runner.eos_token_ids = tuple(self.eos_token_ids)
         if not config.enforce_eager:
             self.runner.capture_graphs(config.max_num_seqs, -(-self.max_model_len // config.block_size))
         if config.graphs_mixed_steps(self.device.type == "cuda"):
             self.runner.capture_mixed_graphs(config.max_num_seqs, -(-self.max_model_len // config.block_size))
         self.requests: dict[str, RequestState] = {}
+        # Branches of an n > 1 request waiting for the first branch to prefill the shared prompt (see
+        # `add`): the first branch's id -> the others.
+        self._forks: dict[str, list[RequestState]] = {}
         self._ids = itertools.count()
         self.host = None
         self.compiles = CompileWatch()  # kernels the warm-up missed, from its end on
@@ -200,13 +220,20 @@ class LLMEngine:
         request_id: str | None = None,
         checkpoint_positions: list[int] | None = None,
         cache_salt: str | None = None,
+        priority: int = 0,
+        fork_of: str | None = None,
     ) -> str:
         """Tokenise and queue a request; raises ValueError (RequestTooLargeError) if it can never run.
 
         `checkpoint_positions`: prompt token counts where the prefix cache may keep a checkpoint (e.g. the
         ends of chat messages); used when the policy exports states from inside prefill. `cache_salt`: the
-        request's prefix-cache hits (GPU and host tier) come only from requests with the same salt."""
-        return self.add(self.new_request(prompt, params, request_id, checkpoint_positions, cache_salt))
+        request's prefix-cache hits (GPU and host tier) come only from requests with the same salt.
+        `priority`: with the priority scheduling policy, lower runs first (vLLM's). `fork_of`: the id of
+        another branch of the same n > 1 request (same prompt), queued first: this one waits until that one
+        has prefilled the prompt, then starts from its checkpoint (see `add`)."""
+        return self.add(
+            self.new_request(prompt, params, request_id, checkpoint_positions, cache_salt, priority, fork_of)
+        )
 
     def new_request(
         self,
@@ -215,10 +242,18 @@ class LLMEngine:
         request_id: str | None = None,
         checkpoint_positions: list[int] | None = None,
         cache_salt: str | None = None,
+        priority: int = 0,
+        fork_of: str | None = None,
     ) -> RequestState:
         """A checked request, not queued yet (`add` queues it). Touches no engine state, so another thread
         may build requests while this one steps; raises ValueError as `add_request` does."""
         params = params or SamplingParams()
+        if params.n != 1:
+            raise ValueError(
+                f"n must be 1 per engine request (add each branch, see `fork_of`), got {params.n}"
+            )
+        if priority != 0 and self.config.scheduling_policy != "priority":
+            raise ValueError(f"priority must be 0 unless --scheduling-policy priority, got {priority}")
         if isinstance(prompt, str):
             text, token_ids = prompt, self.tokenizer.encode(prompt)
         else:
@@ -232,11 +267,15 @@ class LLMEngine:
                 )
         params = self._bounded(params, len(token_ids))
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
-        seq = Sequence(request_id, token_ids, params, cache_salt=cache_salt)
+        seq = Sequence(request_id, token_ids, params, cache_salt=cache_salt, priority=priority)
         seq.hint_positions = sorted({p for p in checkpoint_positions or [] if 0 < p <= len(token_ids)})
         self.scheduler.check(seq)
         decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)  # noqa: E731
-        return RequestState.new(seq, text, decode, self.eos_token_ids)
+        req = RequestState.new(seq, text, decode, self.eos_token_ids)
+        if params.structured_output is not None:  # GrammarError (a ValueError) names the field
+            req.grammar = self.structured.matcher(params.structured_output)
+        req.fork_of = fork_of
+        return req
 
     @property
     def context_limit(self) -> int:
@@ -251,8 +290,15 @@ class LLMEngine:
         vocab, changes = self.spec.vocab_size, {}
         if bad := [t for t in params.stop_token_ids if t >= vocab]:
             raise ValueError(f"stop_token_ids {bad[:4]} are outside the vocabulary [0, {vocab})")
-        if params.logprobs is not None and params.logprobs > vocab:
-            raise ValueError(f"logprobs must be at most the vocabulary size {vocab}, got {params.logprobs}")
+        if bad := sorted(t for t in params.logit_bias or () if t >= vocab):
+            raise ValueError(f"logit_bias token ids {bad[:4]} are outside the vocabulary [0, {vocab})")
+        if bad := [t for t in params.allowed_token_ids or () if t >= vocab]:
+            raise ValueError(f"allowed_token_ids {bad[:4]} are outside the vocabulary [0, {vocab})")
+        limit = min(vocab, self.config.max_logprobs)
+        if params.logprobs is not None and params.logprobs > limit:
+            raise ValueError(
+                f"logprobs must be at most {limit} (--max-logprobs and the vocabulary), got {params.logprobs}"
+            )
         if params.top_k is not None and params.top_k >= vocab:
             changes["top_k"] = None
         if params.max_tokens is None:
@@ -264,21 +310,45 @@ class LLMEngine:
         request_id = req.seq.request_id
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        self.scheduler.add(req.seq)
+        first = self.requests.get(req.fork_of) if req.fork_of is not None else None
+        if first is not None and first.seq.prompt_token_ids != req.seq.prompt_token_ids:
+            raise ValueError(f"fork_of {req.fork_of!r} has another prompt")
+        if first is not None and not _prefilled(first.seq):
+            # n > 1: one prefill for all branches. This one waits for the first branch's prompt, whose state
+            # at its last token but one becomes a checkpoint (a hint, if the first branch has not been
+            # admitted yet), and is then admitted on it, computing the last prompt token for its logits.
+            hints, end = first.seq.hint_positions, first.seq.num_prompt_tokens - 1
+            if end > 0 and end not in hints and first.seq.num_computed_tokens == 0:
+                bisect.insort(hints, end)
+            self._forks.setdefault(req.fork_of, []).append(req)
+        else:
+            self.scheduler.add(req.seq)
         self.requests[request_id] = req
         return request_id
+
+    def _release_forks(self, request_id: str) -> None:
+        """Queue the branches waiting for `request_id`'s prompt (prefilled, or it left the engine)."""
+        for req in self._forks.pop(request_id, ()):
+            if not req.seq.is_finished:
+                self.scheduler.add(req.seq)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Stop a request wherever it is (queued, mid-prefill, mid-decode) and free what it holds."""
         req = self.requests.pop(request_id, None)
         if req is None:
             return None
-        self.scheduler.finish(req.seq, "abort")
+        waiting = self._forks.get(req.fork_of or "", [])
+        if any(r is req for r in waiting):  # a branch not queued yet
+            waiting[:] = [r for r in waiting if r is not req]
+            req.seq.status = SequenceStatus.FINISHED
+            req.seq.finish_reason = "abort"
+        else:
+            self.scheduler.finish(req.seq, "abort")
         req.seq.stats.finished_time = time.monotonic()
         return self._output(req, "")
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.num_unfinished > 0
+        return self.scheduler.num_unfinished > 0 or any(self._forks.values())
 
     # ---- the loop -------------------------------------------------------------------------------
 
@@ -307,10 +377,12 @@ class LLMEngine:
         if not batch.seqs:
             return None, refused
         self._stepping = list(batch.seqs)
-        if self._may_pipeline() and self.runner.is_decode(batch):
+        # A grammar's mask needs the tokens before it: constrained batches never run a step ahead.
+        constrained = any(s.params.structured_output is not None for s in batch.seqs)
+        if self._may_pipeline() and self.runner.is_decode(batch) and not constrained:
             return batch, refused + self._pipeline(batch, self.runner.launch(batch))
-        out = self.runner.run(batch)
-        return batch, refused + self._postprocess(batch, out.token_ids, out.logprobs, out.seconds)
+        out = self.runner.run(batch, self._grammar_bitmask if constrained else None)
+        return batch, refused + self._postprocess(batch, out)
 
     def _refused(self) -> list[RequestOutput]:
         """Outputs of the requests the scheduler refused in its last `schedule()`."""
@@ -390,7 +462,9 @@ class LLMEngine:
             batch = ScheduledBatch([batch.seqs[i] for i in live], [1] * len(live))
             out.token_ids = [out.token_ids[i] for i in live]
             out.logprobs = [out.logprobs[i] for i in live]
-        return self._postprocess(batch, out.token_ids, out.logprobs, out.seconds)
+            if out.top is not None:
+                out.top = [out.top[i] for i in live]
+        return self._postprocess(batch, out)
 
     def _next_decode(self, batch: ScheduledBatch) -> ScheduledBatch | None:
         """The decode batch after `batch` (whose tokens are not read yet), if it is what `schedule()` would
@@ -406,7 +480,8 @@ class LLMEngine:
         nxt = []
         for seq in seqs:
             req = self.requests[seq.request_id]
-            if req.stop is not None:
+            if req.stop is not None or seq.params.adjusts_logits or req.grammar is not None:
+                # they need the token in flight
                 return None
             if req.max_len is not None and len(seq.token_ids) + 1 >= req.max_len:
                 continue  # the token in flight is its last
@@ -419,11 +494,15 @@ class LLMEngine:
             return None
         return ScheduledBatch(nxt, [1] * len(nxt))
 
-    def _postprocess(
-        self, batch: ScheduledBatch, token_ids: list[int | None], logprobs: list[float | None], seconds: float
-    ) -> list[RequestOutput]:
+    def _grammar_bitmask(self, seqs: list[Sequence]) -> torch.Tensor | None:
+        """The host token bitmask of a step's sampling rows (ModelRunner.run calls it while the forward
+        runs); None when none of them is constrained."""
+        return self.structured.bitmask([self.requests[s.request_id].grammar for s in seqs])
+
+    def _postprocess(self, batch: ScheduledBatch, out: StepOutput) -> list[RequestOutput]:
         """A step's results: its timing into the requests' stats, then the scheduler's update (cache and
         sequences; `on_token` decides each stop), then one output per request that sampled."""
+        token_ids, logprobs, seconds, top = out.token_ids, out.logprobs, out.seconds, out.top
         now = time.monotonic()
         total = sum(batch.num_tokens)
         for seq, n in zip(batch.seqs, batch.num_tokens, strict=True):
@@ -439,11 +518,18 @@ class LLMEngine:
             req = requests[seq.request_id]
             if seq.params.logprobs is not None:
                 seq.logprobs.append(logprobs[i])
+                req.top_logprobs.append(top[i] if top is not None and top[i] is not None else [])
             if seq.stats.first_token_time is None:
                 seq.stats.first_token_time = now
+            ended = req.grammar is not None and req.grammar.advance(token)
             if req.stop is None:
-                return req.finish_by_ids(token, len(seq.token_ids))
-            delta = deltas[seq.request_id] = req.stop.append(token)
+                finish = req.finish_by_ids(token, len(seq.token_ids))
+                return GRAMMAR_END if ended and finish is None else finish
+            delta = req.stop.append(token)
+            if ended and req.stop.finish is None:  # the text held for a possible stop string goes out
+                req.stop.finish = GRAMMAR_END
+                delta += req.stop._release()
+            deltas[seq.request_id] = delta
             req.text += delta
             return req.stop.finish
 
@@ -460,6 +546,8 @@ class LLMEngine:
 
     def _output(self, req: RequestState, delta_text: str) -> RequestOutput:
         seq = req.seq
+        if seq.request_id in self._forks and (seq.is_finished or _prefilled(seq)):
+            self._release_forks(seq.request_id)
         end = len(seq.token_ids)
         prev, req.num_reported = req.num_reported, end
         return RequestOutput(
@@ -477,6 +565,7 @@ class LLMEngine:
             req.prompt,
             req.stream if req.stream is not None else (req.text, delta_text),
             seq.error,
+            req.top_logprobs if seq.params.logprobs is not None else None,
         )
 
     def reset_prefix_cache(self) -> int:
@@ -500,3 +589,8 @@ class LLMEngine:
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()
+
+
+def _prefilled(seq: Sequence) -> bool:
+    """The prompt is computed (its first token sampled): its checkpoints are in the cache."""
+    return len(seq.token_ids) > seq.num_prompt_tokens

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from flashstate.engine.output.stop_checker import Finish, StopChecker
 from flashstate.engine.output.text_stream import TextStream
+from flashstate.engine.structured.matcher import GrammarMatcher
 from flashstate.sequence import Sequence
 
 
@@ -28,6 +29,10 @@ class RequestState:
     max_len: int | None = None  # len(seq.token_ids) at which max_tokens is reached
     text: str = ""  # with `stop`: streamed so far, never holding a possible stop-string prefix
     num_reported: int = 0  # len(seq.token_ids) at the previous output
+    grammar: GrammarMatcher | None = None  # with params.structured_output: the output's place in its grammar
+    # with params.logprobs: per generated token, the (id, logprob) pairs of the most likely tokens
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    fork_of: str | None = None  # an n > 1 request's first branch, whose prefill this branch waits for
 
     @classmethod
     def new(
@@ -62,3 +67,4 @@ class RequestState:
 
 
 EOS, LENGTH = Finish("stop"), Finish("length")
+GRAMMAR_END = Finish("stop")  # the grammar takes no more tokens

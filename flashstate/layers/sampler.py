@@ -5,7 +5,14 @@ Per row, in this order (as in vLLM):
     logits --/temperature--> scaled --top-k--> --top-p--> --min-p--> masked --race--> token
     logits --log_softmax--> logprobs (of the raw logits, whatever the filters did)
 
+Penalties, logit bias and token masks (layers/logits_adjust.py) change the logits first, after the
+logprobs are taken; greedy rows take the argmax of the adjusted logits.
+
 Greedy rows (temperature < GREEDY_TEMPERATURE) take argmax(logits) and skip the rest.
+
+A token bitmask (constrained decoding: [B, ceil(V/32)] int32, bit t % 32 of word t // 32 set where token
+t is allowed) puts -inf on the disallowed logits before anything else, so logprobs are those of the masked
+distribution (as in vLLM). Every row of a bitmask allows at least one token.
 
 The draw is an exponential race: token = argmax(probs / E) with E ~ Exp(1) i.i.d. per vocab entry,
 which samples from `probs` exactly. Unseeded rows draw E from the global RNG in one batched call.
@@ -27,6 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from flashstate.device import upload
+from flashstate.layers.logits_adjust import LogitsAdjust
 from flashstate.sampling_params import SamplingParams
 
 
@@ -96,12 +104,24 @@ class SamplerOutput:
 
 
 class Sampler(nn.Module):
-    def forward(self, logits: Tensor, batch: SamplingBatch) -> SamplerOutput:
-        """logits: [B, V] fp32 -> SamplerOutput with token_ids [B]."""
+    def forward(
+        self,
+        logits: Tensor,
+        batch: SamplingBatch,
+        adjust: LogitsAdjust | None = None,
+        token_bitmask: Tensor | None = None,
+    ) -> SamplerOutput:
+        """logits: [B, V] fp32 -> SamplerOutput with token_ids [B]. `adjust`: the step's penalties, bias and
+        masks (layers/logits_adjust.py), applied after the logprobs are taken (vLLM's raw logprobs).
+        `token_bitmask`: [B, W] int32 on the logits' device (constrained decoding), applied first."""
         if logits.dim() != 2 or logits.shape[0] != batch.batch_size:
             raise ValueError(f"logits must be [{batch.batch_size}, V], got {list(logits.shape)}")
         logits = logits.float()
+        if token_bitmask is not None:
+            logits = apply_token_bitmask(logits, token_bitmask)
         logprobs = torch.log_softmax(logits, dim=-1)
+        if adjust is not None:
+            logits = adjust.apply(logits)
         greedy_ids = logits.argmax(dim=-1)
         if batch.all_greedy:
             token_ids = greedy_ids
@@ -117,6 +137,17 @@ class Sampler(nn.Module):
             top_token_ids=top_ids,
             top_logprobs=top_lp,
         )
+
+
+def apply_token_bitmask(logits: Tensor, bitmask: Tensor) -> Tensor:
+    """logits [B, V] with -inf where `bitmask` [B, W] int32 has a 0 bit (tokens past 32·W: all -inf); a new
+    tensor, so the logits (a CUDA graph's output buffer) stay as they were."""
+    vocab = logits.shape[1]
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    allowed = ((bitmask[:, :, None] >> shifts) & 1).flatten(1).bool()  # [B, 32·W]
+    if allowed.shape[1] < vocab:
+        allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]), value=False)
+    return logits.masked_fill(~allowed[:, :vocab], float("-inf"))
 
 
 def filter_logits(logits: Tensor, batch: SamplingBatch) -> Tensor:

@@ -17,12 +17,15 @@ from flashstate.engine.step_shapes import MAX_CHUNKS
 from flashstate.engine.worker.cuda_graph import DecodeGraphs
 from flashstate.engine.worker.decode_inputs import DecodeInputs
 from flashstate.engine.worker.mixed_graphs import MixedGraphs
+from flashstate.layers.logits_adjust import AdjustRow, LogitsAdjust
 from flashstate.layers.metadata import ForwardMetadata
 from flashstate.layers.sampler import Sampler, SamplingBatch
 from flashstate.models.base import HybridForCausalLM
 from flashstate.sequence import Sequence
 
 logger = logging.getLogger(__name__)
+# The sampling rows' sequences -> their host token bitmask [n, W] int32, or None (engine/structured/).
+TokenBitmaskFn = Callable[[list[Sequence]], torch.Tensor | None]
 
 
 @dataclass(slots=True)
@@ -35,6 +38,9 @@ class InFlight:
     logprobs: torch.Tensor | None  # [n] fp32 host; None when no sequence asked
     done: torch.cuda.Event | None
     start: float
+    # [n, K] on the device: the K most likely tokens per row and their logprobs; None when no row asked
+    top_ids: torch.Tensor | None = None
+    top_logprobs: torch.Tensor | None = None
 
 
 @dataclass(slots=True)
@@ -42,6 +48,9 @@ class StepOutput:
     token_ids: list[int | None]  # sampled token per sequence; None where its chunk did not reach the end
     logprobs: list[float | None]
     seconds: float
+    # per sequence: the (token id, logprob) pairs of the params.logprobs most likely tokens, best first;
+    # None where the sequence asked for none or sampled nothing
+    top: list[list[tuple[int, float]] | None] | None = None
 
 
 class DecodePeers(Protocol):
@@ -72,6 +81,7 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.sampler = Sampler()
+        self.eos_token_ids: tuple[int, ...] = ()  # what min_tokens masks, with each request's stop ids
         self.graphs: DecodeGraphs | None = None
         self.inputs: DecodeInputs | None = None  # pure-decode batches' persistent inputs
         self.mixed: MixedGraphs | None = None  # small mixed steps at fixed shapes
@@ -218,12 +228,43 @@ class ModelRunner:
             self._sampling = (list(seqs), ids, batch)
         return self._sampling[2]
 
-    def _launch_sampling(self, seqs: list[Sequence], logits: torch.Tensor, start: float) -> InFlight:
-        sampled = self.sampler(logits, self._sampling_batch(seqs))
+    def _adjust(self, seqs: list[Sequence], vocab: int) -> LogitsAdjust | None:
+        """The step's penalties, bias and masks; None (no work) when no sequence has any."""
+        if not any(s.params.adjusts_logits for s in seqs):
+            return None
+        rows = []
+        for i, s in enumerate(seqs):
+            p = s.params
+            if p.adjusts_logits:
+                stops = (*(() if p.ignore_eos else self.eos_token_ids), *p.stop_token_ids)
+                rows.append(AdjustRow(i, p, s.prompt_token_ids, s.output_token_ids, stops))
+        return LogitsAdjust.build(rows, vocab, self.device)
+
+    def _launch_sampling(
+        self,
+        seqs: list[Sequence],
+        logits: torch.Tensor,
+        start: float,
+        token_bitmask: TokenBitmaskFn | None = None,
+    ) -> InFlight:
+        # the forward is queued on the device: the host fills the grammar masks meanwhile
+        mask = token_bitmask(seqs) if token_bitmask is not None else None
+        if mask is not None:
+            mask = mask.to(self.device, non_blocking=True)
+        sampled = self.sampler(
+            logits, self._sampling_batch(seqs), self._adjust(seqs, logits.shape[-1]), token_bitmask=mask
+        )
         want = any(s.params.logprobs is not None for s in seqs)
+        top = (sampled.top_token_ids, sampled.top_logprobs)
         if self.device.type != "cuda":
             return InFlight(
-                seqs, sampled.token_ids, sampled.token_ids, sampled.logprobs if want else None, None, start
+                seqs,
+                sampled.token_ids,
+                sampled.token_ids,
+                sampled.logprobs if want else None,
+                None,
+                start,
+                *top,
             )
         n = len(seqs)
         if not self._read_buffers or self._read_buffers[0][0].shape[0] < n:
@@ -242,13 +283,13 @@ class ModelRunner:
             lps.copy_(sampled.logprobs, non_blocking=True)
         done = torch.cuda.Event()
         done.record()
-        return InFlight(seqs, sampled.token_ids, tokens, lps if want else None, done, start)
+        return InFlight(seqs, sampled.token_ids, tokens, lps if want else None, done, start, *top)
 
     @torch.inference_mode()
-    def launch(self, batch: ScheduledBatch) -> InFlight:
+    def launch(self, batch: ScheduledBatch, token_bitmask: TokenBitmaskFn | None = None) -> InFlight:
         """Start a decode batch (`is_decode`) on the device; `collect` reads its tokens."""
         start = time.perf_counter()
-        return self._launch_sampling(batch.seqs, self._decode(batch.seqs), start)
+        return self._launch_sampling(batch.seqs, self._decode(batch.seqs), start, token_bitmask)
 
     @torch.inference_mode()
     def launch_ahead(self, seqs: list[Sequence], prev: InFlight, stop_ids: list[frozenset[int]]) -> InFlight:
@@ -288,14 +329,25 @@ class ModelRunner:
             flight.done.synchronize()
         tokens = flight.tokens.tolist()
         lps = flight.logprobs.tolist() if flight.logprobs is not None else [None] * len(tokens)
-        return StepOutput(tokens, lps, time.perf_counter() - flight.start)
+        top = None
+        if flight.top_ids is not None:
+            ids, values = flight.top_ids.tolist(), flight.top_logprobs.tolist()
+            top = [
+                None
+                if s.params.logprobs is None
+                else list(zip(i[: s.params.logprobs], v[: s.params.logprobs], strict=True))
+                for s, i, v in zip(flight.seqs, ids, values, strict=True)
+            ]
+        return StepOutput(tokens, lps, time.perf_counter() - flight.start, top)
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> StepOutput:
+    def run(self, batch: ScheduledBatch, token_bitmask: TokenBitmaskFn | None = None) -> StepOutput:
+        """Run a batch and sample its sampling rows. `token_bitmask(seqs)`: the host bitmask of those rows
+        (constrained decoding; None where no row is constrained)."""
         start = time.perf_counter()
         n = len(batch)
         if self.is_decode(batch) and self.on_logits is None:
-            return self.collect(self.launch(batch))
+            return self.collect(self.launch(batch, token_bitmask))
         rows = [i for i in range(n) if batch.samples(i)]  # a decode batch: every row
         if self.is_decode(batch):
             logits = self._decode(batch.seqs)
@@ -309,13 +361,18 @@ class ModelRunner:
                 logits = self.model.compute_logits(hidden[last]).float()
         token_ids: list[int | None] = [None] * n
         logprobs: list[float | None] = [None] * n
+        top: list[list[tuple[int, float]] | None] | None = None
         if rows:
             seqs = [batch.seqs[i] for i in rows]
             if self.on_logits is not None:
                 self.on_logits([s.request_id for s in seqs], logits)
-            out = self.collect(self._launch_sampling(seqs, logits, start))
+            out = self.collect(self._launch_sampling(seqs, logits, start, token_bitmask))
             for j, i in enumerate(rows):
                 token_ids[i], logprobs[i] = out.token_ids[j], out.logprobs[j]
+            if out.top is not None:
+                top = [None] * n
+                for j, i in enumerate(rows):
+                    top[i] = out.top[j]
         elif self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return StepOutput(token_ids, logprobs, time.perf_counter() - start)
+        return StepOutput(token_ids, logprobs, time.perf_counter() - start, top)
