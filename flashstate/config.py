@@ -17,7 +17,10 @@ Eviction = Literal["gds", "lru"]
 HostCache = Literal["memory", "mooncake"]
 PrefillOrder = Literal["fifo", "arrivals-first"]
 SchedulingPolicy = Literal["fcfs", "priority"]
+UvicornLogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
 CheckpointPlacement = Literal["asc", "aligned"]
+LoadFormat = Literal["auto", "safetensors", "dummy"]  # vLLM's names; auto and safetensors read the same files
+FallbackCheckpoints = Literal["off", "retry", "sparse"]
 
 CACHE_POLICIES: tuple[str, ...] = get_args(CachePolicy)
 
@@ -61,6 +64,12 @@ _server = partial(flag, group="server")
 class EngineConfig:
     model: str | None = _engine(None, "HF-format model directory", shown="the embedded tiny model")
     tokenizer: str | None = _engine(None, "tokenizer directory", shown="the model directory")
+    load_format: LoadFormat = _engine(
+        "auto",
+        "auto, safetensors: load --model's safetensors; dummy: read no weights, build the model on the "
+        "device with random ones (HF's init, deterministic per --seed) from --model's config.json: a "
+        "directory holding config.json (tokenizer files optional: else the embedded tokenizer) or a preset",
+    )
     dtype: Dtype = _engine(
         "auto",
         "weight and activation dtype; auto: the checkpoint's; half and float are accepted aliases",
@@ -149,6 +158,12 @@ class EngineConfig:
     )
     mamba_prefill_export: bool = _cache(
         True, "export planned checkpoints (message ends, branch points) from inside prefill chunks"
+    )
+    mamba_fallback_checkpoints: FallbackCheckpoints = _cache(
+        "retry",
+        "flashstate policy: checkpoints a request can fall back to when the next one leaves the frontier's "
+        "path, priced by the same admission as the rest: off, retry (one token before each prompt's end: "
+        "retries and edits inside the reply), sparse (retry, and every vLLM block boundary of a prefill)",
     )
     prefix_cache_eviction: Eviction | None = _cache(
         None,
@@ -268,6 +283,23 @@ class EngineConfig:
         shown="the tokenizer's",
         metavar="PATH_OR_TEMPLATE",
     )
+    generation_config: str = _server(
+        "auto",
+        "default sampling settings of requests that leave them unset: auto (the model directory's "
+        "generation_config.json: temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens as a "
+        "cap on max_tokens), vllm (none: vLLM's own defaults), or a folder holding a generation_config.json",
+        metavar="auto|vllm|FOLDER",
+    )
+    uvicorn_log_level: UvicornLogLevel = _server("info", "uvicorn's log level")
+    allowed_origins: tuple[str, ...] = _server(("*",), "CORS: allowed origins", metavar="ORIGIN")
+    allowed_methods: tuple[str, ...] = _server(("*",), "CORS: allowed methods", metavar="METHOD")
+    allowed_headers: tuple[str, ...] = _server(("*",), "CORS: allowed headers", metavar="HEADER")
+    allow_credentials: bool = _server(False, "CORS: allow credentials")
+    enable_dev_endpoints: bool = _server(
+        False,
+        "serve the development endpoints (POST /reset_prefix_cache), as vLLM's VLLM_SERVER_DEV_MODE=1; also "
+        "on with FLASHSTATE_SERVER_DEV_MODE=1 or VLLM_SERVER_DEV_MODE=1",
+    )
 
     @property
     def prefix_caching(self) -> bool:
@@ -316,6 +348,11 @@ class EngineConfig:
         if self.long_prefill_token_threshold < 0:
             raise ValueError(
                 f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}"
+            )
+        if self.mamba_fallback_checkpoints not in get_args(FallbackCheckpoints):
+            raise ValueError(
+                "mamba_fallback_checkpoints must be off, retry or sparse, "
+                f"got {self.mamba_fallback_checkpoints!r}"
             )
         if self.mamba_checkpoint_placement not in get_args(CheckpointPlacement):
             raise ValueError(

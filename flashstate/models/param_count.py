@@ -21,6 +21,17 @@ def count_parameters(spec: ModelSpec, embeddings: bool = True) -> int:
     return total
 
 
+def count_active_parameters(spec: ModelSpec, embeddings: bool = True) -> int:
+    """Parameters one token's forward uses: `count_parameters` less, in every MoE layer, the routed experts
+    it does not choose (all but `top_k`)."""
+    total = count_parameters(spec, embeddings)
+    e = spec.moe
+    if e is None:
+        return total
+    idle = (e.num_experts - e.top_k) * _ffn(e.latent_size or spec.hidden_size, e.intermediate_size, e.act)
+    return total - idle * sum(layer.ffn == "moe" for layer in spec.layers)
+
+
 def _attention_params(spec: ModelSpec) -> int:
     a, h = spec.attention, spec.hidden_size
     if a is None:

@@ -8,6 +8,19 @@
     nemotron-h-2b     Nemotron-H   bf16   "M-M-M-M-M*-" × 4 (44 blocks)         1.841B / 1.304B
     kimi-linear-2b    Kimi-Linear  bf16   24 layers, 6 MLA, dense               2.294B / 1.623B
 
+The real-size presets are the released models' configs (spec/preset_configs.py names the source of
+each); they are built only on the device with random weights (`--model NAME --load-format dummy`):
+`materialize` and `preset_dir` refuse them, and `materialize_config` any config over 4B parameters.
+
+    preset                   family       layout                                   params: total / active
+    qwen3-next-80b-a3b       Qwen3-Next   48 layers, 12 attention, MoE 512 × top-10  79.67B / 3.87B
+    qwen3.6-35b-a3b          Qwen3.5-MoE  40 layers, 10 attention, MoE 256 × top-8   34.66B / 3.45B
+    nemotron-3-nano-30b-a3b  Nemotron-H   52 blocks: 23 Mamba2, 6 attn, 23 MoE 128×6 31.58B / 3.58B
+    kimi-linear-48b-a3b      Kimi-Linear  27 layers, 7 MLA, MoE 256 × top-8          49.12B / 3.48B
+
+(active: `param_count.count_active_parameters`, embeddings included: the top-k routed experts of each
+MoE layer instead of all.)
+
 The tiny presets use the default tokenizer's vocabulary (2048) and are fast on a CPU. The 2B presets keep
 each family's real mixer shapes (Qwen3-Next-80B's attention and Gated DeltaNet heads at hidden 2048,
 Nemotron-H's Mamba2 heads/groups/state and attention, Kimi-Linear's KDA heads and MLA ranks) and real
@@ -22,7 +35,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -36,98 +48,45 @@ from flashstate.default_tokenizer import (
     build_default_tokenizer,
     write_default_tokenizer,
 )
+from flashstate.models.param_count import count_parameters
+from flashstate.models.random_init import random_tensors
 from flashstate.models.registry import build_model
 from flashstate.spec.hf_config import spec_from_hf
 from flashstate.spec.model_spec import ModelSpec
-from flashstate.spec.preset_configs import DEFAULT_PRESET, INIT_STD, preset_config
+from flashstate.spec.preset_configs import DEFAULT_PRESET, DUMMY_ONLY, preset_config
 
 _FORMAT_VERSION = 1  # bump when materialize() writes different files for the same config and seed
+MAX_WRITTEN_PARAMETERS = 4_000_000_000  # larger random models are only built on the device (dummy load)
 
 
 def random_weights(spec: ModelSpec, seed: int = 0) -> dict[str, torch.Tensor]:
-    """A deterministic random checkpoint for `spec`: {HF tensor name: tensor in `spec.dtype`}.
-
-    Every tensor of `build_model(spec).state_dict()` is drawn in sorted-name order from one generator
-    seeded with `seed` (see `init_tensor`); a model class may then adjust them in its own
-    `init_weights(generator)`. The LM head is left out when the embeddings are tied.
-    """
-    with torch.device("meta"):
-        model = build_model(spec)
-    model = model.to_empty(device="cpu").to(spec.dtype)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        state = model.state_dict()
-        for name in sorted(state):
-            tensor = state[name]
-            if tensor.is_floating_point():
-                tensor.copy_(init_tensor(spec, name, tuple(tensor.shape), generator))
-            else:
-                tensor.zero_()
-        hook = getattr(model, "init_weights", None)
-        if callable(hook):
-            hook(generator)
-    state = model.state_dict()
+    """A deterministic random checkpoint for `spec`: {HF tensor name: tensor in `spec.dtype`}, the draws
+    of `random_init.random_tensors` on the CPU (`--load-format dummy` on the CPU fills a model with the
+    same values). The LM head is left out when the embeddings are tied."""
+    state = {name: t.to(spec.dtype) for name, t in random_tensors(spec, seed)}
     if spec.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    # a stacked projection's weights are row views of one tensor (layers/stacked_linear.py): own copies
-    return {
-        name: t.clone() if t.untyped_storage().nbytes() != t.nbytes else t.contiguous()
-        for name, t in state.items()
-    }
-
-
-def init_tensor(
-    spec: ModelSpec, name: str, shape: tuple[int, ...], generator: torch.Generator
-) -> torch.Tensor:
-    """HF's initialisation of checkpoint tensor `name`, in fp32:
-
-    A_log           log A: Mamba2 A = 1..H; KDA A ~ U(1, 16); Gated DeltaNet A ~ U(0.01, 16)
-    dt_bias         Gated DeltaNet 1; Mamba2 / KDA softplus⁻¹(dt), log dt ~ U(log 1e-3, log 1e-1)
-    D               1 (Mamba2 skip)
-    *bias           0 (router correction biases included)
-    *norm*.weight   1, or 0 for Qwen3-Next's zero-centred RMSNorms (`x̂ · (1 + w)`: all its norms
-                    but the Gated DeltaNet output norm)
-    anything else   normal(0, 0.02) (every preset's `initializer_range`)
-    """
-    parts = name.split(".")
-    leaf, module = parts[-1], parts[-2] if len(parts) > 1 else ""
-    kind = spec.linear.kind if spec.linear is not None else None
-
-    def uniform(lo: float, hi: float) -> torch.Tensor:
-        return torch.rand(shape, generator=generator) * (hi - lo) + lo
-
-    if leaf == "A_log":
-        if kind == "mamba2":
-            return torch.arange(1, math.prod(shape) + 1, dtype=torch.float32).reshape(shape).log()
-        return uniform(1.0, 16.0).log() if kind == "kda" else uniform(0.01, 16.0).log()
-    if leaf == "dt_bias":
-        if kind == "gated_deltanet":
-            return torch.ones(shape)
-        dt = uniform(math.log(1e-3), math.log(1e-1)).exp().clamp_min(1e-4)
-        return dt + torch.log(-torch.expm1(-dt))
-    if leaf == "D":
-        return torch.ones(shape)
-    if leaf.endswith("bias"):
-        return torch.zeros(shape)
-    if "norm" in module and leaf == "weight":
-        zero_centred = spec.architecture == "Qwen3NextForCausalLM" and not name.endswith(
-            "linear_attn.norm.weight"
-        )
-        return torch.zeros(shape) if zero_centred else torch.ones(shape)
-    return torch.randn(shape, generator=generator) * INIT_STD
+    return state
 
 
 def materialize(name: str, directory: str | Path, seed: int = 0) -> Path:
     """Write preset `name` as an HF model directory: config.json, tokenizer.json + tokenizer_config.json
     (the default tokenizer), model.safetensors (random weights from `seed`)."""
+    _refuse_dummy_only(name)
     return materialize_config(preset_config(name), directory, seed)
 
 
 def materialize_config(config: dict, directory: str | Path, seed: int = 0) -> Path:
-    """`materialize` for any supported config dict."""
+    """`materialize` for any supported config dict of at most `MAX_WRITTEN_PARAMETERS` parameters."""
+    spec = spec_from_hf(config)
+    if (n := count_parameters(spec)) > MAX_WRITTEN_PARAMETERS:
+        raise ValueError(
+            f"refusing to write a {n / 1e9:.1f}B-parameter random checkpoint "
+            f"({n * spec.dtype.itemsize / 1e9:.0f} GB); build it on the device instead: --load-format dummy"
+        )
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    weights = random_weights(spec_from_hf(config), seed)
+    weights = random_weights(spec, seed)
     write_default_tokenizer(directory)
     save_file(weights, str(directory / "model.safetensors"), metadata={"format": "pt"})
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -147,6 +106,7 @@ def preset_dir(name: str = DEFAULT_PRESET, seed: int = 0) -> Path:
     name and renamed into place: a reader sees a complete model or none, and of two concurrent writers
     the second to finish drops its copy.
     """
+    _refuse_dummy_only(name)
     config = preset_config(name)
     final = cache_root() / "models" / f"{name}-{_fingerprint(config, seed)}"
     if (final / "model.safetensors").is_file():
@@ -171,6 +131,14 @@ def preset_dir(name: str = DEFAULT_PRESET, seed: int = 0) -> Path:
 def default_model_dir() -> Path:
     """The embedded default model (`tiny`, seed 0), materialised on first use."""
     return preset_dir(DEFAULT_PRESET)
+
+
+def _refuse_dummy_only(name: str) -> None:
+    if name in DUMMY_ONLY:
+        raise ValueError(
+            f"preset {name!r} is a real-size model, built only on the device with random weights "
+            f"(--model {name} --load-format dummy); it is never written to disk"
+        )
 
 
 def _fingerprint(config: dict, seed: int) -> str:

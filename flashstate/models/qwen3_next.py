@@ -157,7 +157,9 @@ class Qwen3NextGatedDeltaNet(StackedLinears, LinearMixer):
     [b (HV/Hk) | a (HV/Hk)]; `checkpoint_rows_to_blocks` re-orders their rows at load into
     [q all heads | k | v | z] and [b all heads | a], so one GEMM's output splits into contiguous column
     blocks. q, k, v go through the short causal conv (channels [q all heads | k all heads | v all heads]),
-    which hands them back as three contiguous tensors. Both projections run as one GEMM."""
+    which hands them back as three contiguous tensors. Both projections run as one GEMM. A subclass may
+    name and split the projections otherwise (`stacked_names`, `projection_widths`) as long as their
+    stacked rows are that block layout (Qwen3.5's in_proj_qkv / z / b / a already are)."""
 
     stacked_names = ("in_proj_qkvz", "in_proj_ba")
 
@@ -167,17 +169,23 @@ class Qwen3NextGatedDeltaNet(StackedLinears, LinearMixer):
         self.nk, self.nv = spec.num_k_heads, spec.num_heads
         self.dk, self.dv = spec.head_k_dim, spec.head_v_dim
         self.chunk_size = spec.chunk_size
-        key_dim, value_dim = self.nk * self.dk, self.nv * self.dv
+        value_dim = self.nv * self.dv
         self.conv1d = nn.Conv1d(
             spec.conv_channels, spec.conv_channels, spec.conv_kernel, groups=spec.conv_channels,
             bias=spec.conv_bias, padding=spec.conv_kernel - 1,
         )
-        self.in_proj_qkvz = nn.Linear(hidden, 2 * key_dim + 2 * value_dim, bias=False)
-        self.in_proj_ba = nn.Linear(hidden, 2 * self.nv, bias=False)
+        for name, width in zip(self.stacked_names, self.projection_widths(), strict=True):
+            setattr(self, name, nn.Linear(hidden, width, bias=False))
         self.dt_bias = nn.Parameter(torch.ones(self.nv))
         self.A_log = nn.Parameter(torch.zeros(self.nv))
         self.norm = Qwen3NextRMSNormGated(self.dv, eps)
         self.out_proj = nn.Linear(value_dim, hidden, bias=False)
+
+    def projection_widths(self) -> tuple[int, ...]:
+        """Output widths of the `stacked_names` projections, in order; their stacked rows always give
+        [q all heads | k | v | z | b | a] (once `from_checkpoint` has re-ordered them)."""
+        key_dim, value_dim = self.nk * self.dk, self.nv * self.dv
+        return (2 * key_dim + 2 * value_dim, 2 * self.nv)
 
     def checkpoint_rows_to_blocks(self, leaf: str, w: Tensor) -> Tensor:
         """Checkpoint tensor `leaf` (`in_proj_qkvz.weight` / `in_proj_ba.weight`, this rank's key head
@@ -258,12 +266,14 @@ class Qwen3NextSparseMoeBlock(StackedExperts):
 
 
 class Qwen3NextDecoderLayer(nn.Module):
+    linear_mixer: type[Qwen3NextGatedDeltaNet] = Qwen3NextGatedDeltaNet
+
     def __init__(self, spec: ModelSpec, layer_id: int):
         super().__init__()
         layer, d, eps = spec.layers[layer_id], spec.hidden_size, spec.norm_eps
         self.mixer = layer.mixer
         if layer.mixer == "linear":
-            self.linear_attn = Qwen3NextGatedDeltaNet(d, spec.linear, eps, spec.mlp.act)
+            self.linear_attn = self.linear_mixer(d, spec.linear, eps, spec.mlp.act)
         elif layer.mixer == "attention":
             self.self_attn = Qwen3NextAttention(d, spec.attention, eps)
         else:
@@ -289,10 +299,12 @@ class Qwen3NextDecoderLayer(nn.Module):
 
 
 class Qwen3NextModel(nn.Module):
+    decoder_layer: type[Qwen3NextDecoderLayer] = Qwen3NextDecoderLayer
+
     def __init__(self, spec: ModelSpec):
         super().__init__()
         self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.layers = nn.ModuleList(Qwen3NextDecoderLayer(spec, i) for i in range(spec.num_layers))
+        self.layers = nn.ModuleList(self.decoder_layer(spec, i) for i in range(spec.num_layers))
         self.norm = Qwen3NextRMSNorm(spec.hidden_size, spec.norm_eps)
         a = spec.attention
         self.rotary_emb = RotaryEmbedding(a.rotary_dim, a.rope_theta)
@@ -307,12 +319,14 @@ class Qwen3NextModel(nn.Module):
 
 
 class Qwen3NextForCausalLM(HybridForCausalLM):
+    base_model: type[Qwen3NextModel] = Qwen3NextModel
+
     def __init__(self, spec: ModelSpec):
         super().__init__()
         if spec.attention is None or spec.linear is None or spec.mlp is None:
             raise UnsupportedModelError("Qwen3-Next spec needs attention, linear and mlp sections")
         self.spec = spec
-        self.model = Qwen3NextModel(spec)
+        self.model = self.base_model(spec)
         # Tied embeddings: no lm_head module, logits read embed_tokens.weight (the checkpoint has no lm_head).
         self.lm_head = None
         if not spec.tie_word_embeddings:

@@ -1,4 +1,4 @@
-"""Architecture name → model class."""
+"""Architecture name (`ModelSpec.architecture`: the model served) → model class."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ _CLASSES = {
     "Qwen3NextForCausalLM": "flashstate.models.qwen3_next:Qwen3NextForCausalLM",
     "NemotronHForCausalLM": "flashstate.models.nemotron_h:NemotronHForCausalLM",
     "KimiLinearForCausalLM": "flashstate.models.kimi_linear:KimiLinearForCausalLM",
+    "Qwen3_5ForCausalLM": "flashstate.models.qwen3_5:Qwen3_5ForCausalLM",
+    "Qwen3_5MoeForCausalLM": "flashstate.models.qwen3_5:Qwen3_5ForCausalLM",
 }
 
 

@@ -4,6 +4,7 @@ names."""
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -55,35 +56,71 @@ def _common(cfg: dict) -> dict:
     )
 
 
-def _qwen3_next(cfg: dict) -> ModelSpec:
-    """Absent keys take `Qwen3NextConfig`'s defaults (e.g. 512 experts, partial rotary 0.25)."""
+def _check_family(cfg: dict, architecture: str, model_types: tuple[str, ...], keys: tuple) -> None:
+    """Refuse a config that is not `architecture`'s: another family's `model_type`, a nested `text_config`
+    where the family has none, or a missing field the family cannot do without (a key, or a tuple of
+    alternative keys). Without this, a config renamed to another family would parse with that family's
+    defaults (a dense Qwen3.5 config read as Qwen3-Next gets 512 experts)."""
+    model_type = cfg.get("model_type")
+    if model_type is not None and model_type not in model_types:
+        raise UnsupportedModelError(
+            f"config.json names architecture {architecture} but its model_type is {model_type!r} "
+            f"(expected {' or '.join(map(repr, model_types))}): refusing to read it as {architecture}"
+        )
+    if "text_config" in cfg:
+        raise UnsupportedModelError(
+            f"config.json names architecture {architecture} but nests a text_config, which {architecture} "
+            "configs never do: refusing to read it"
+        )
+    missing = [
+        " or ".join(k) if isinstance(k, tuple) else k
+        for k in keys
+        if not (any(a in cfg for a in k) if isinstance(k, tuple) else k in cfg)
+    ]
+    if missing:
+        raise UnsupportedModelError(
+            f"config.json names architecture {architecture} but lacks {', '.join(missing)}: "
+            f"not a complete {architecture} config"
+        )
+
+
+_GDN_KEYS = (
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "linear_num_key_heads",
+    "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+)  # fmt: skip
+_QWEN_MOE_KEYS = (
+    "num_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+)
+
+
+def _gdn_hybrid(cfg: dict, architecture: str, moe_layers: list[bool], norm_topk_prob: bool) -> ModelSpec:
+    """The Qwen3-Next layout (Qwen3.5 / 3.6 share it): Gated DeltaNet and gated full-attention layers, each
+    followed by an MoE (`moe_layers[i]`) or a dense SwiGLU MLP. Absent keys take `Qwen3NextConfig`'s
+    defaults (e.g. partial rotary 0.25)."""
     n = cfg["num_hidden_layers"]
     types = cfg.get("layer_types") or [
         "linear_attention" if (i + 1) % cfg.get("full_attention_interval", 4) else "full_attention"
         for i in range(n)
     ]
-    mlp_only = set(cfg.get("mlp_only_layers") or [])
-    step = cfg.get("decoder_sparse_step", 1)
-    num_experts = cfg.get("num_experts", 512)
-
-    def ffn(i: int) -> str:
-        is_moe = i not in mlp_only and num_experts > 0 and step > 0 and (i + 1) % step == 0
-        return "moe" if is_moe else "mlp"
-
+    if len(types) != n or set(types) - {"linear_attention", "full_attention"}:
+        raise UnsupportedModelError(f"{architecture} layer_types must be {n} linear/full_attention entries")
     layers = tuple(
-        LayerSpec("attention" if t == "full_attention" else "linear", ffn(i)) for i, t in enumerate(types)
+        LayerSpec("attention" if t == "full_attention" else "linear", "moe" if moe else "mlp")
+        for t, moe in zip(types, moe_layers, strict=True)
     )
     rope = _rope({"partial_rotary_factor": 0.25, **cfg})
     if rope.get("rope_type", "default") != "default":
-        raise UnsupportedModelError(f"Qwen3-Next rope_type {rope['rope_type']!r} is not supported")
+        raise UnsupportedModelError(f"{architecture} rope_type {rope['rope_type']!r} is not supported")
     head_dim = cfg.get("head_dim") or 256
-    nk, nv = cfg.get("linear_num_key_heads", 16), cfg.get("linear_num_value_heads", 32)
-    dk, dv = cfg.get("linear_key_head_dim", 128), cfg.get("linear_value_head_dim", 128)
+    nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
     if nv % nk:
         raise UnsupportedModelError(f"{nv} linear value heads are not a multiple of {nk} key heads")
-    shared = cfg.get("shared_expert_intermediate_size", 512)
     return ModelSpec(
-        architecture="Qwen3NextForCausalLM",
+        architecture=architecture,
         layers=layers,
         attention=AttentionSpec(
             num_heads=cfg["num_attention_heads"],
@@ -107,20 +144,82 @@ def _qwen3_next(cfg: dict) -> ModelSpec:
         ),
         mlp=MlpSpec(cfg.get("intermediate_size", 5632), cfg.get("hidden_act", "silu")),
         moe=MoeSpec(
-            num_experts=num_experts,
+            num_experts=cfg["num_experts"],
             top_k=cfg.get("num_experts_per_tok", 10),
             intermediate_size=cfg.get("moe_intermediate_size", 512),
-            shared_intermediate_size=shared,
+            shared_intermediate_size=cfg.get("shared_expert_intermediate_size", 512),
             num_shared_experts=1,  # HF always builds the shared expert and its gate
-            norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+            norm_topk_prob=norm_topk_prob,
             act=cfg.get("hidden_act", "silu"),
             shared_expert_gate=True,
         )
-        if any(layer.ffn == "moe" for layer in layers)
+        if any(moe_layers)
         else None,
         norm_eps=cfg.get("rms_norm_eps", 1e-6),
         **_common(cfg),
     )
+
+
+def _qwen3_next(cfg: dict) -> ModelSpec:
+    arch = "Qwen3NextForCausalLM"
+    # Its sparse-layer schedule is what tells a Qwen3-Next config from a Qwen3.5-MoE one without model_type.
+    schedule = ("decoder_sparse_step", "mlp_only_layers", "norm_topk_prob", "intermediate_size")
+    _check_family(cfg, arch, ("qwen3_next",), (*_GDN_KEYS, "num_experts", *schedule))
+    mlp_only = set(cfg.get("mlp_only_layers") or [])
+    step, num_experts = cfg.get("decoder_sparse_step", 1), cfg["num_experts"]
+    moe = [
+        i not in mlp_only and num_experts > 0 and step > 0 and (i + 1) % step == 0
+        for i in range(cfg["num_hidden_layers"])
+    ]
+    return _gdn_hybrid(cfg, arch, moe, norm_topk_prob=bool(cfg.get("norm_topk_prob", True)))
+
+
+# config.json architecture → (the text model served, MoE, outer model_type or None, text model_type)
+_QWEN3_5 = {
+    "Qwen3_5ForCausalLM": ("Qwen3_5ForCausalLM", False, None, "qwen3_5_text"),
+    "Qwen3_5ForConditionalGeneration": ("Qwen3_5ForCausalLM", False, "qwen3_5", "qwen3_5_text"),
+    "Qwen3_5MoeForCausalLM": ("Qwen3_5MoeForCausalLM", True, None, "qwen3_5_moe_text"),
+    "Qwen3_5MoeForConditionalGeneration": ("Qwen3_5MoeForCausalLM", True, "qwen3_5_moe", "qwen3_5_moe_text"),
+}
+
+
+def _qwen3_5(cfg: dict, architecture: str) -> ModelSpec:
+    """Qwen3.5 / Qwen3.6, dense (`qwen3_5`) or MoE (`qwen3_5_moe`): Qwen3-Next's layers with the Gated
+    DeltaNet projections split (models/qwen3_5.py), every layer dense or every layer MoE (the router always
+    renormalises its top k). The multimodal checkpoints nest the text model's config under `text_config`;
+    the text model is served, and HF ties its embeddings by the outer config's `tie_word_embeddings`.
+    Text-only positions are equal on M-RoPE's three axes, so `mrope_section` reduces to plain RoPE."""
+    served, moe, outer_type, text_type = _QWEN3_5[architecture]
+    text = cfg
+    if outer_type is not None:
+        model_type = cfg.get("model_type")
+        if model_type is not None and model_type != outer_type:
+            raise UnsupportedModelError(
+                f"config.json names architecture {architecture} but its model_type is {model_type!r} "
+                f"(expected {outer_type!r}): refusing to read it as {architecture}"
+            )
+        if not isinstance(cfg.get("text_config"), dict):
+            raise UnsupportedModelError(f"{architecture} config.json has no text_config")
+        text = {"dtype": cfg.get("dtype") or cfg.get("torch_dtype"), **cfg["text_config"]}
+        text["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
+    _check_family(
+        text, served, (text_type,), (*_GDN_KEYS, *(_QWEN_MOE_KEYS if moe else ("intermediate_size",)))
+    )
+    if "decoder_sparse_step" in text:
+        raise UnsupportedModelError(
+            f"{served} config.json has Qwen3-Next's decoder_sparse_step: not a {served}"
+        )
+    if not moe and text.get("num_experts"):
+        raise UnsupportedModelError(
+            f"{served} is dense but its config sets num_experts={text['num_experts']}"
+        )
+    if text.get("attn_output_gate", True) is not True:
+        raise UnsupportedModelError(f"{served} without the attention output gate is not supported")
+    if (act := text.get("hidden_act", "silu")) != "silu":
+        raise UnsupportedModelError(f"{served} hidden_act {act!r} is not supported (only silu)")
+    spec = _gdn_hybrid(text, served, [moe] * text["num_hidden_layers"], norm_topk_prob=True)
+    spec.extra["config_architecture"] = architecture
+    return spec
 
 
 _NEMOTRON_PATTERN = {"M": ("linear", None), "*": ("attention", None), "-": (None, "mlp"), "E": (None, "moe")}
@@ -136,6 +235,8 @@ _NEMOTRON_TYPES = {
 
 def _nemotron_h(cfg: dict) -> ModelSpec:
     """Absent keys take `NemotronHConfig`'s defaults; config keys HF's modeling code ignores, we ignore."""
+    keys = ("vocab_size", "hidden_size", "mamba_num_heads", "mamba_head_dim", "ssm_state_size")
+    _check_family(cfg, "NemotronHForCausalLM", ("nemotron_h",), (*keys, ("n_groups", "mamba_n_groups")))
     types = cfg.get("layer_types") or cfg.get("layers_block_type")
     if types is None:
         pattern = cfg.get("hybrid_override_pattern")
@@ -215,6 +316,10 @@ def _nemotron_h(cfg: dict) -> ModelSpec:
 def _kimi_linear(cfg: dict) -> ModelSpec:
     """Absent keys take `KimiLinearConfig`'s defaults; both HF's saved names and Moonshot's checkpoint
     names (`linear_attn_config`, `first_k_dense_replace`) are read."""
+    keys = ("vocab_size", "hidden_size", "num_attention_heads", "kv_lora_rank", "qk_nope_head_dim")
+    _check_family(
+        cfg, "KimiLinearForCausalLM", ("kimi_linear",), (*keys, ("num_experts", "num_local_experts"))
+    )
     n = cfg.get("num_hidden_layers", 27)
     lin = cfg.get("linear_attn_config") or {}
     types = cfg.get("layer_types")
@@ -231,9 +336,7 @@ def _kimi_linear(cfg: dict) -> ModelSpec:
         "dense" if i < cfg.get("first_k_dense_replace", 1) else "sparse" for i in range(n)
     ]
     layers = tuple(
-        LayerSpec(
-            "attention" if t == "full_attention" else "linear", "moe" if m == "sparse" else "mlp"
-        )
+        LayerSpec("attention" if t == "full_attention" else "linear", "moe" if m == "sparse" else "mlp")
         for t, m in zip(types, mlp_types, strict=True)
     )
     if cfg.get("hidden_act", "silu") != "silu":
@@ -301,6 +404,7 @@ PARSERS = {
     "Qwen3NextForCausalLM": _qwen3_next,
     "NemotronHForCausalLM": _nemotron_h,
     "KimiLinearForCausalLM": _kimi_linear,
+    **{arch: partial(_qwen3_5, architecture=arch) for arch in _QWEN3_5},
 }
 
 

@@ -15,7 +15,18 @@ from typing import Any, Literal
 
 import torch
 
-SUPPORTED_ARCHITECTURES = ("Qwen3NextForCausalLM", "NemotronHForCausalLM", "KimiLinearForCausalLM")
+# The `architectures` names of config.json that flashstate serves, matched exactly. The multimodal Qwen3.5
+# checkpoints (`...ForConditionalGeneration`) are served as their text model (`spec.architecture` is the
+# text model's `...ForCausalLM`; the vision tower's tensors are skipped at load).
+SUPPORTED_ARCHITECTURES = (
+    "Qwen3NextForCausalLM",
+    "NemotronHForCausalLM",
+    "KimiLinearForCausalLM",
+    "Qwen3_5ForCausalLM",
+    "Qwen3_5MoeForCausalLM",
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration",
+)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

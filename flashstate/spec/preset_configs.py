@@ -1,5 +1,19 @@
-"""Named model presets as HF `config.json` dicts (the table in models/presets.py, which writes them out
-with random weights). Plain data: the simulator reads a preset's geometry from here without torch models."""
+"""Named model presets as HF `config.json` dicts (the table in models/presets.py, which writes the small
+ones out with random weights). Plain data: the simulator reads a preset's geometry from here without torch
+models.
+
+The real-size presets (`DUMMY_ONLY`) are the released models' config.json values (the fields the parsers
+read, plus the ones that name the model); they are built only on the device with random weights
+(`--model NAME --load-format dummy`), never written to disk:
+
+    preset                   released model (config.json values from)        params: total / active
+    qwen3-next-80b-a3b       Qwen/Qwen3-Next-80B-A3B-Instruct                 79.67B / 3.87B
+    qwen3.6-35b-a3b          Qwen/Qwen3.6-35B-A3B (text model)                34.66B / 3.45B
+    nemotron-3-nano-30b-a3b  nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16      31.58B / 3.58B
+    kimi-linear-48b-a3b      moonshotai/Kimi-Linear-48B-A3B-Instruct          49.12B / 3.48B
+
+Counts are `param_count.count_parameters` / `count_active_parameters` (embeddings and LM head included;
+active: the top-k routed experts of each MoE layer, not all of them)."""
 
 from __future__ import annotations
 
@@ -204,6 +218,200 @@ PRESETS: dict[str, dict] = {
         dtype="bfloat16",
     ),
 }
+
+
+def _qwen3_6_35b_a3b() -> dict:
+    """Qwen3.6-35B-A3B's config.json as released (Qwen3_5MoeForConditionalGeneration; the vision tower's
+    config cut to what names it: flashstate serves the text model)."""
+    text = {
+        "model_type": "qwen3_5_moe_text",
+        "vocab_size": 248320,
+        "hidden_size": 2048,
+        "num_hidden_layers": 40,
+        "layer_types": ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(40)],
+        "full_attention_interval": 4,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "head_dim": 256,
+        "attn_output_gate": True,
+        "attention_bias": False,
+        "hidden_act": "silu",
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4,
+        "num_experts": 256,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 512,
+        "shared_expert_intermediate_size": 512,
+        "rms_norm_eps": 1e-6,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10_000_000,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [11, 11, 10],
+            "mrope_interleaved": True,
+        },
+        "max_position_embeddings": 262144,
+        "mamba_ssm_dtype": "float32",
+        "mtp_num_hidden_layers": 1,
+        "mtp_use_dedicated_embeddings": False,
+        "tie_word_embeddings": False,
+        "initializer_range": 0.02,
+        "dtype": "bfloat16",
+        "bos_token_id": None,
+        "eos_token_id": 248044,
+    }
+    return {
+        "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+        "model_type": "qwen3_5_moe",
+        "text_config": text,
+        "vision_config": {"model_type": "qwen3_5_moe_vision", "depth": 27, "hidden_size": 1152},
+        "tie_word_embeddings": False,
+        "image_token_id": 248056,
+        "video_token_id": 248057,
+        "vision_start_token_id": 248053,
+        "vision_end_token_id": 248054,
+    }
+
+
+_NEMOTRON_3_NANO_PATTERN = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"
+
+# Released models' configs: built on the device only (see the module docstring).
+REAL_PRESETS: dict[str, dict] = {
+    "qwen3-next-80b-a3b": {
+        "architectures": ["Qwen3NextForCausalLM"],
+        "model_type": "qwen3_next",
+        "vocab_size": 151936,
+        "hidden_size": 2048,
+        "num_hidden_layers": 48,
+        "full_attention_interval": 4,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "head_dim": 256,
+        "attention_bias": False,
+        "hidden_act": "silu",
+        "intermediate_size": 5120,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4,
+        "num_experts": 512,
+        "num_experts_per_tok": 10,
+        "moe_intermediate_size": 512,
+        "shared_expert_intermediate_size": 512,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "norm_topk_prob": True,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10_000_000,
+        "partial_rotary_factor": 0.25,
+        "rope_scaling": None,
+        "max_position_embeddings": 262144,
+        "tie_word_embeddings": False,
+        "initializer_range": 0.02,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+    },
+    "qwen3.6-35b-a3b": _qwen3_6_35b_a3b(),
+    "nemotron-3-nano-30b-a3b": {
+        "architectures": ["NemotronHForCausalLM"],
+        "model_type": "nemotron_h",
+        "vocab_size": 131072,
+        "hidden_size": 2688,
+        "num_hidden_layers": 52,
+        "hybrid_override_pattern": _NEMOTRON_3_NANO_PATTERN,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 2,
+        "head_dim": 128,
+        "attention_bias": False,
+        "mamba_num_heads": 64,
+        "mamba_head_dim": 64,
+        "ssm_state_size": 128,
+        "n_groups": 8,
+        "expand": 2,
+        "conv_kernel": 4,
+        "chunk_size": 128,
+        "use_conv_bias": True,
+        "mamba_hidden_act": "silu",
+        "mamba_proj_bias": False,
+        "time_step_min": 0.001,
+        "time_step_max": 0.1,
+        "time_step_floor": 0.0001,
+        "intermediate_size": 1856,
+        "mlp_hidden_act": "relu2",
+        "mlp_bias": False,
+        "n_routed_experts": 128,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 6,
+        "moe_intermediate_size": 1856,
+        "moe_shared_expert_intermediate_size": 3712,
+        "routed_scaling_factor": 2.5,
+        "n_group": 1,
+        "topk_group": 1,
+        "norm_topk_prob": True,
+        "layer_norm_epsilon": 1e-5,
+        "rescale_prenorm_residual": True,
+        "max_position_embeddings": 262144,
+        "tie_word_embeddings": False,
+        "initializer_range": 0.02,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+    },
+    "kimi-linear-48b-a3b": {
+        "architectures": ["KimiLinearForCausalLM"],
+        "model_type": "kimi_linear",
+        "vocab_size": 163840,
+        "hidden_size": 2304,
+        "num_hidden_layers": 27,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "hidden_act": "silu",
+        "intermediate_size": 9216,
+        "q_lora_rank": None,
+        "kv_lora_rank": 512,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "mla_use_nope": True,
+        "linear_attn_config": {
+            "full_attn_layers": [4, 8, 12, 16, 20, 24, 27],
+            "kda_layers": [i for i in range(1, 28) if i not in (4, 8, 12, 16, 20, 24, 27)],
+            "num_heads": 32,
+            "head_dim": 128,
+            "short_conv_kernel_size": 4,
+        },
+        "num_experts": 256,
+        "num_experts_per_token": 8,
+        "num_shared_experts": 1,
+        "moe_intermediate_size": 1024,
+        "moe_router_activation_func": "sigmoid",
+        "moe_renormalize": True,
+        "routed_scaling_factor": 2.446,
+        "use_grouped_topk": True,
+        "num_expert_group": 1,
+        "topk_group": 1,
+        "first_k_dense_replace": 1,
+        "moe_layer_freq": 1,
+        "num_nextn_predict_layers": 0,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "rope_scaling": None,
+        "model_max_length": 1048576,
+        "tie_word_embeddings": False,
+        "initializer_range": 0.02,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": 163584,
+        "eos_token_id": 163586,
+    },
+}
+PRESETS.update(REAL_PRESETS)
+DUMMY_ONLY = frozenset(REAL_PRESETS)
 
 
 def list_presets() -> list[str]:
