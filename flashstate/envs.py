@@ -60,6 +60,14 @@ VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
         _flag("FLASHSTATE_GC_CENSUS", False),
         "1: count what each young garbage collection walks (a diagnosis, not for production)",
     ),
+    "FLASHSTATE_SERVER_DEV_MODE": (
+        _flag("FLASHSTATE_SERVER_DEV_MODE", False),
+        "1: serve the development endpoints (POST /reset_prefix_cache), as --enable-dev-endpoints",
+    ),
+    "VLLM_SERVER_DEV_MODE": (
+        _flag("VLLM_SERVER_DEV_MODE", False),
+        "vLLM's name of FLASHSTATE_SERVER_DEV_MODE",
+    ),
     "TRITON_INTERPRET": (_flag("TRITON_INTERPRET", False), "Triton's own: 1 runs kernels in its interpreter"),
 }
 

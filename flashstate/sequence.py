@@ -65,6 +65,7 @@ class Sequence:
     restore: object | None = None
     host_chain: list[bytes] = field(default_factory=list)  # host-tier chunk hashes of token_ids so far
     cache_salt: str | None = None  # prefix-cache hits only between requests of the same salt (vLLM's)
+    priority: int = 0  # with the priority scheduling policy: lower is admitted first (vLLM's)
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stop_reason: int | str | None = None

@@ -60,8 +60,8 @@ def test_params_hashable_and_equal_after_normalisation():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"n": 2}, "n must be 1 (parallel sampling is not supported), got 2"),
-        ({"n": 0}, "n must be 1"),
+        ({"n": 0}, "n must be an int in [1, 128], got 0"),
+        ({"n": 129}, "n must be an int in [1, 128]"),
         ({"temperature": -0.1}, "temperature must be a number >= 0, got -0.1"),
         ({"temperature": math.nan}, "temperature must be a number >= 0, got nan"),
         ({"temperature": "1"}, "temperature must be a number >= 0, got '1'"),

@@ -104,12 +104,16 @@ class AsyncEngine:
         request_id: str | None = None,
         checkpoint_positions: list[int] | None = None,
         cache_salt: str | None = None,
+        priority: int = 0,
+        fork_of: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Queue a request (errors for bad input raise here, before anything is queued) and stream its
-        outputs until it finishes."""
+        outputs until it finishes. `priority`, `fork_of`: as LLMEngine.add_request's."""
         if self._error is not None:
             raise EngineDeadError(f"engine loop failed: {self._error}")
-        req = self.engine.new_request(prompt, params, request_id, checkpoint_positions, cache_salt)
+        req = self.engine.new_request(
+            prompt, params, request_id, checkpoint_positions, cache_salt, priority, fork_of
+        )
         rid = req.seq.request_id
         if rid in self._streams:
             raise ValueError(f"request id {rid!r} is already in use")

@@ -17,6 +17,9 @@ A sequence whose admission starts a host-tier restore waits in `restoring` (hold
 counted in `max_num_seqs`, never preempted) while the others run; each step first polls the restores:
 a finished one joins `running` at the host depth, a failed one goes back to the head of the queue.
 
+With `scheduling_policy` "priority" (vLLM's) the waiting queue is ordered by (priority, arrival), lower
+first, preempted sequences included, and the preemption victim is the running sequence last in that order.
+
 Liveness: the queue head waits only while something else holds memory that will be freed (running or
 restoring sequences). When nothing does and it still cannot be placed (its prefix hit locks the very
 checkpoints that would have to go), it is admitted as a miss; if even that fails it is refused
@@ -81,8 +84,10 @@ class Scheduler:
         max_model_len: int,
         long_prefill_token_threshold: int = 0,
         arrivals_first: bool = False,
+        by_priority: bool = False,
     ):
         self.cache = cache
+        self.by_priority = by_priority
         self.arrivals_first = arrivals_first
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -103,6 +108,7 @@ class Scheduler:
             max_model_len,
             config.long_prefill_token_threshold,
             prefill_order(config) == "arrivals-first",
+            config.scheduling_policy == "priority",
         )
 
     @property
@@ -111,7 +117,25 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         self.check(seq)
-        self.waiting.append(seq)
+        if self.by_priority:
+            self._insert_by_priority(seq)
+        else:
+            self.waiting.append(seq)
+
+    def _insert_by_priority(self, seq: Sequence) -> None:
+        """Into the waiting queue, which is in (priority, arrival) order: after every sequence not later."""
+        key = _priority_key(seq)
+        i = len(self.waiting)
+        while i > 0 and _priority_key(self.waiting[i - 1]) > key:
+            i -= 1
+        self.waiting.insert(i, seq)
+
+    def _wait_again(self, seq: Sequence) -> None:
+        """A sequence that was admitted waits again: at the head of the queue, or in its priority's place."""
+        if self.by_priority:
+            self._insert_by_priority(seq)
+        else:
+            self.waiting.appendleft(seq)
 
     def check(self, seq: Sequence) -> None:
         """Raise RequestTooLargeError if `seq` can never run (reads only fixed sizes: any thread may ask)."""
@@ -251,6 +275,8 @@ class Scheduler:
         """A running sequence whose step failed: everything it holds released, recomputed from the head of
         the queue as a suspect (it runs alone until it has sampled past this point)."""
         self._preempt(seq, count=False)
+        self.waiting.remove(seq)
+        self.waiting.appendleft(seq)  # a suspect runs next, alone, whatever its priority
         seq.suspect_until = len(seq.token_ids)
         self._suspects = True
 
@@ -267,7 +293,10 @@ class Scheduler:
     def _victim(self, batch: ScheduledBatch) -> Sequence:
         """The running sequence to preempt for blocks: the most recently admitted one not yet in `batch`."""
         scheduled = set(map(id, batch.seqs))
-        return next(s for s in reversed(self.running) if id(s) not in scheduled)
+        candidates = [s for s in self.running if id(s) not in scheduled]
+        if self.by_priority:
+            return max(reversed(candidates), key=_priority_key)
+        return candidates[-1]
 
     def _chunk(self, seq: Sequence, budget: int) -> int:
         """The tokens `seq` computes this step: what it has left, within the budget and, for a long prefill,
@@ -300,7 +329,7 @@ class Scheduler:
         else:  # the restore failed and released everything: admitted again from the GPU cache
             seq.num_computed_tokens = 0
             seq.status = SequenceStatus.WAITING
-            self.waiting.appendleft(seq)
+            self._wait_again(seq)
 
     def _blocks_to_first_token(self, seq: Sequence) -> int:
         need = self.cache.block_pool.blocks_for(len(seq.token_ids) + 1) - len(seq.block_table)
@@ -312,7 +341,7 @@ class Scheduler:
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         seq.stats.num_preemptions += count
-        self.waiting.appendleft(seq)
+        self._wait_again(seq)
 
     def update_from_output(
         self,
@@ -388,3 +417,7 @@ class Scheduler:
             if {seq.status is SequenceStatus.RESTORING, seq.restore is not None} != {restoring}:
                 raise AssertionError(f"request {seq.request_id} is {seq.status.value}, restore {seq.restore}")
         self.cache.check_integrity(self.running + self.restoring)
+
+
+def _priority_key(seq: Sequence) -> tuple[int, float]:
+    return seq.priority, seq.stats.arrival_time

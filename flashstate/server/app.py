@@ -3,8 +3,12 @@
     GET  /health               200 while the engine loop runs; 503 once it died or while it is stalled
     GET  /version              {"version": ...}
     GET  /metrics              Prometheus text format (server/metrics.py)
-    POST /reset_prefix_cache   evict the prefix cache (vLLM's); the pools after it, integrity-checked
+    POST /reset_prefix_cache   evict the prefix cache (vLLM's); the pools after it, integrity-checked; only
+                               with --enable-dev-endpoints (or FLASHSTATE_/VLLM_SERVER_DEV_MODE=1), as vLLM
+    POST /tokenize             vLLM's, server/serving_tokens.py: a prompt or chat messages -> token ids
+    POST /detokenize           token ids -> text
     GET  /v1/models            the one served model
+    GET  /v1/models/{id}       its card; 404 for any other id
     POST /v1/completions       server/serving_completion.py
     POST /v1/chat/completions  server/serving_chat.py
     POST /v1/messages          Anthropic Messages, server/anthropic/ (and /v1/messages/count_tokens)
@@ -13,6 +17,7 @@ With an API key set, /v1/* need `Authorization: Bearer <key>` or `x-api-key: <ke
 401 otherwise); the rest stay open, as in vLLM. Request bodies are read here: over `max_request_body_bytes`
 → 413; not JSON, not UTF-8, wrong types → 400, all as OpenAI-style error JSON (Anthropic's shape under
 /v1/messages: server/errors.py).
+CORS headers as vLLM sends them (--allowed-origins, --allowed-methods, ...: any by default).
 """
 
 from __future__ import annotations
@@ -29,11 +34,12 @@ from typing import TypeVar
 
 import uvicorn
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
-from flashstate import __version__
+from flashstate import __version__, envs
 from flashstate.config import EngineConfig
 from flashstate.engine.async_engine import AsyncEngine
 from flashstate.engine.llm_engine import LLMEngine
@@ -48,6 +54,7 @@ from flashstate.server.responses.serving import OpenAIServingResponses
 from flashstate.server.serving_chat import OpenAIServingChat
 from flashstate.server.serving_completion import OpenAIServingCompletion
 from flashstate.server.serving_engine import ClientGone
+from flashstate.server.serving_tokens import DetokenizeRequest, TokenizeRequest, TokenServing
 from flashstate.tokenizer import load_chat_template
 
 logger = logging.getLogger("flashstate.server")
@@ -107,6 +114,14 @@ def build_app(engine: AsyncEngine, config: EngineConfig) -> FastAPI:
     app = FastAPI(title="flashstate", version=__version__, lifespan=lifespan)
     app.state.engine, app.state.metrics = engine, metrics
     install_handlers(app)
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=list(config.allowed_origins),
+        allow_credentials=config.allow_credentials,
+        allow_methods=list(config.allowed_methods),
+        allow_headers=list(config.allowed_headers),
+    )
+    tokens = TokenServing(chat, engine.engine.max_model_len, engine.engine.spec.vocab_size)
 
     @app.exception_handler(ClientGone)
     async def _client_gone(_: Request, __: ClientGone) -> Response:
@@ -146,7 +161,6 @@ def build_app(engine: AsyncEngine, config: EngineConfig) -> FastAPI:
             )
         return Response(status_code=200)
 
-    @app.post("/reset_prefix_cache")
     async def reset_prefix_cache(raw: Request) -> dict:
         """vLLM's: evict every cached prefix no running request holds. Needs the API key when one is set
         (it costs every tenant its hits). Reports the pools after it, checked for integrity."""
@@ -168,6 +182,17 @@ def build_app(engine: AsyncEngine, config: EngineConfig) -> FastAPI:
 
         return await engine.call(reset)
 
+    if config.enable_dev_endpoints or envs.FLASHSTATE_SERVER_DEV_MODE or envs.VLLM_SERVER_DEV_MODE:
+        app.post("/reset_prefix_cache")(reset_prefix_cache)
+
+    @app.post("/tokenize", openapi_extra=body_schema(TokenizeRequest, "/tokenize"))
+    async def tokenize(raw: Request) -> dict:
+        return await tokens.tokenize(await read_body(raw, TokenizeRequest, config.max_request_body_bytes))
+
+    @app.post("/detokenize", openapi_extra=body_schema(DetokenizeRequest, "/detokenize"))
+    async def detokenize(raw: Request) -> dict:
+        return await tokens.detokenize(await read_body(raw, DetokenizeRequest, config.max_request_body_bytes))
+
     @app.get("/version")
     async def version() -> dict:
         return {"version": __version__}
@@ -176,10 +201,8 @@ def build_app(engine: AsyncEngine, config: EngineConfig) -> FastAPI:
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models")
-    async def models(raw: Request) -> dict:
-        authorize(raw)
-        card = {
+    def card() -> dict:
+        return {
             "id": name,
             "object": "model",
             "created": now(),
@@ -188,7 +211,23 @@ def build_app(engine: AsyncEngine, config: EngineConfig) -> FastAPI:
             "parent": None,
             "max_model_len": engine.engine.max_model_len,
         }
-        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models")
+    async def models(raw: Request) -> dict:
+        authorize(raw)
+        return {"object": "list", "data": [card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str, raw: Request) -> dict:
+        authorize(raw)
+        if model_id != name:
+            raise APIError(
+                HTTPStatus.NOT_FOUND,
+                f"The model `{model_id}` does not exist (this server serves `{name}`).",
+                code="model_not_found",
+                param="model",
+            )
+        return card()
 
     @app.post("/v1/completions", openapi_extra=body_schema(CompletionRequest, "/v1/completions"))
     async def create_completion(raw: Request) -> Response:
@@ -272,7 +311,13 @@ def serve(config: EngineConfig) -> int:
     app = build_app(engine, config)
     logger.info("serving %s on http://%s:%d", served_model_name(config), config.host, sock.getsockname()[1])
     server = uvicorn.Server(
-        uvicorn.Config(app, host=config.host, port=config.port, log_level="info", timeout_graceful_shutdown=5)
+        uvicorn.Config(
+            app,
+            host=config.host,
+            port=config.port,
+            log_level=config.uvicorn_log_level,
+            timeout_graceful_shutdown=5,
+        )
     )
     servers.append(server)
     if engine.dead:  # died before the server existed to hear of it

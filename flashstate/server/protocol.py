@@ -63,6 +63,7 @@ CHAT_UNSERVED: dict[str, tuple[Any, ...]] = {
     "add_special_tokens": (False,),
     "echo": (False,),
     "continue_final_message": (False,),
+    "chat_template": (None,),  # per request; the server's is --chat-template
     "documents": (None,),
     "media_io_kwargs": (None,),
     "mm_processor_kwargs": (None,),

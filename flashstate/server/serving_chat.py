@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 from fastapi import Request
@@ -27,6 +28,7 @@ from flashstate.server.serving_engine import (
     SSEResponse,
     anext_ready,
     last_output,
+    merge_streams,
     new_id,
     sse,
 )
@@ -55,40 +57,52 @@ class OpenAIServingChat(OpenAIServing):
 
     async def _start(
         self, req: ChatCompletionRequest, raw: Request
-    ) -> tuple[dict[str, Any], RequestOutput, AsyncIterator[RequestOutput], OutputPlan, str]:
+    ) -> tuple[dict[str, Any], list[RequestOutput], list[AsyncIterator[RequestOutput]], OutputPlan, str]:
+        """The request queued: its head, and per choice (`n` of them) the first output and the stream."""
         self.check_model(req.model)
+        req.check_priority(self.config.scheduling_policy)
         plan = self.parsing.plan(req)
-        params = plan.sampling_params(req.to_sampling_params())
+        defaults = self.engine.engine.generation_defaults
+        params = plan.sampling_params(req.to_sampling_params(defaults, self.config.max_logprobs))
         text, prompt, positions = await asyncio.to_thread(_render, self.tokenizer, req)
         request_id, created = new_id("chatcmpl"), now()
-        (first,), (stream,) = await self.generate(
-            raw, [prompt], params, request_id, positions, req.cache_salt
+        firsts, streams = await self.generate(
+            raw, [prompt], params, request_id, positions, req.cache_salt, req.priority
         )
         head = {"id": request_id, "created": created, "model": self.model_name}
-        return head, first, stream, plan, text
+        return head, firsts, streams, plan, text
 
     async def completion(self, req: ChatCompletionRequest, raw: Request) -> dict[str, Any]:
         """The chat.completion body; raises APIError (4xx/5xx) on a bad request or a failed engine."""
-        head, first, stream, plan, prompt = await self._start(req, raw)
-        out = await self.collect(raw, last_output(first, stream))
-        parser = plan.parser(prompt, streamed=False)
-        if parser is None:
-            message, finish_reason = {"role": "assistant", "content": out.text}, out.finish_reason
-        else:
-            message = parser.message(out.text)
-            finish_reason = plan.finish_reason(out.finish_reason, parser.called)
-        choice = {
-            "index": 0,
-            "message": message,
-            "logprobs": self._logprobs(out.token_ids, out.logprobs) if req.logprobs else None,
-            "finish_reason": finish_reason,
-            "stop_reason": out.stop_reason,
-        }
+        head, firsts, streams, plan, prompt = await self._start(req, raw)
+        finals = await self.collect(
+            raw, asyncio.gather(*(last_output(f, s) for f, s in zip(firsts, streams, strict=True)))
+        )
+        choices = []
+        for i, out in enumerate(finals):
+            parser = plan.parser(prompt, streamed=False)
+            if parser is None:
+                message, finish_reason = {"role": "assistant", "content": out.text}, out.finish_reason
+            else:
+                message = parser.message(out.text)
+                finish_reason = plan.finish_reason(out.finish_reason, parser.called)
+            logprobs = None
+            if req.logprobs:
+                logprobs = self._logprobs(out.token_ids, out.logprobs, out.top_logprobs)
+            choices.append(
+                {
+                    "index": i,
+                    "message": message,
+                    "logprobs": logprobs,
+                    "finish_reason": finish_reason,
+                    "stop_reason": out.stop_reason,
+                }
+            )
         return {
             **head,
             "object": "chat.completion",
-            "choices": [choice],
-            "usage": _usage(out),
+            "choices": choices,
+            "usage": _usage(finals),
             "system_fingerprint": None,
         }
 
@@ -98,19 +112,22 @@ class OpenAIServingChat(OpenAIServing):
         """The chat.completion.chunk dicts of a streamed reply. The first item is None, yielded once the
         request is accepted (errors before it raise APIError); an engine failure mid-stream raises
         EngineError after the chunks so far."""
-        head, first, stream, plan, prompt = await self._start(req, raw)
+        head, firsts, streams, plan, prompt = await self._start(req, raw)
         head = {**head, "object": "chat.completion.chunk"}
-        parser = plan.parser(prompt, streamed=True)
+        parsers = [plan.parser(prompt, streamed=True) for _ in firsts]
         yield None
 
-        def chunk(delta: dict[str, Any], finish_reason: str | None, out: RequestOutput, logprobs=None):
-            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        def chunk(
+            i: int, delta: dict[str, Any], finish_reason: str | None, out: RequestOutput, logprobs=None
+        ) -> dict[str, Any]:
+            choice = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
             body: dict[str, Any] = {**head, "choices": [choice]}
             if req.include_usage:
-                body["usage"] = _usage(out) if req.continuous_usage else None
+                body["usage"] = _usage([out]) if req.continuous_usage else None
             return body
 
-        def delta(out: RequestOutput) -> dict[str, Any] | None:
+        def delta(i: int, out: RequestOutput) -> dict[str, Any] | None:
+            parser = parsers[i]
             n = len(out.delta_token_ids)
             finish_reason = out.finish_reason if out.finished else None
             if parser is None:
@@ -124,22 +141,24 @@ class OpenAIServingChat(OpenAIServing):
                 return None  # nothing to send yet (e.g. text held back as a possible stop string)
             logprobs = None
             if req.logprobs:
-                logprobs = self._logprobs(out.delta_token_ids, (out.logprobs or [])[-n:] if n else [])
-            return chunk(content, finish_reason, out, logprobs)
+                top = (out.top_logprobs or [])[-n:] if n else []
+                logprobs = self._logprobs(out.delta_token_ids, (out.logprobs or [])[-n:] if n else [], top)
+            return chunk(i, content, finish_reason, out, logprobs)
 
-        last = first
+        latest = list(firsts)
         try:
-            yield chunk({"role": "assistant", "content": ""}, None, first)
-            if (c := delta(first)) is not None:
-                yield c
-            async for out in stream:
-                last = out
-                if (c := delta(out)) is not None:
-                    yield c
+            for i, first in enumerate(firsts):
+                yield chunk(i, {"role": "assistant", "content": ""}, None, first)
+            async with aclosing(merge_streams(firsts, streams)) as merged:  # a disconnect closes us
+                async for i, out in merged:
+                    latest[i] = out
+                    if (c := delta(i, out)) is not None:
+                        yield c
             if req.include_usage:
-                yield {**head, "choices": [], "usage": _usage(last)}
+                yield {**head, "choices": [], "usage": _usage(latest)}
         finally:
-            await stream.aclose()  # type: ignore[attr-defined] — a disconnect closes us mid-stream
+            for stream in streams:
+                await stream.aclose()  # type: ignore[attr-defined] — a disconnect closes us mid-stream
 
     async def _sse(self, chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
         try:
@@ -151,12 +170,26 @@ class OpenAIServingChat(OpenAIServing):
             await chunks.aclose()  # type: ignore[attr-defined]
         yield sse("[DONE]")
 
-    def _logprobs(self, ids: list[int], logprobs: list[float] | None) -> dict[str, Any]:
-        """Chat logprobs. The engine reports the chosen token's logprob only; `top_logprobs` holds it."""
+    def _logprobs(
+        self, ids: list[int], logprobs: list[float] | None, top: list[list[tuple[int, float]]] | None
+    ) -> dict[str, Any]:
+        """Chat logprobs: per token its logprob and the `top_logprobs` most likely tokens (raw logprobs)."""
         content = []
-        for text, lp in zip(self.token_texts(ids), logprobs or [], strict=False):
-            entry = {"token": text, "logprob": lp, "bytes": list(text.encode())}
-            content.append({**entry, "top_logprobs": [entry]})
+        top = top or []
+        for k, (text, lp) in enumerate(zip(self.token_texts(ids), logprobs or [], strict=False)):
+            alternatives = top[k] if k < len(top) else []
+            texts = self.token_texts([t for t, _ in alternatives])
+            content.append(
+                {
+                    "token": text,
+                    "logprob": lp,
+                    "bytes": list(text.encode()),
+                    "top_logprobs": [
+                        {"token": t, "logprob": v, "bytes": list(t.encode())}
+                        for t, (_, v) in zip(texts, alternatives, strict=True)
+                    ],
+                }
+            )
         return {"content": content}
 
 
@@ -194,5 +227,10 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _usage(out: RequestOutput) -> dict[str, Any]:
-    return usage(len(out.prompt_token_ids), len(out.token_ids), out.stats.num_cached_tokens)
+def _usage(outs: list[RequestOutput]) -> dict[str, Any]:
+    """Of one request's choices: the prompt counted once (as vLLM), the completions summed."""
+    return usage(
+        len(outs[0].prompt_token_ids),
+        sum(len(o.token_ids) for o in outs),
+        outs[0].stats.num_cached_tokens,
+    )

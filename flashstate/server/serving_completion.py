@@ -1,5 +1,6 @@
-"""POST /v1/completions. `prompt` is text, token ids, or a list of either: a batch, one choice per prompt
-(`choices[i].index` = i), all queued together; usage sums over the batch."""
+"""POST /v1/completions. `prompt` is text, token ids, or a list of either: a batch, `n` choices per prompt
+(prompt j's choice i at `index` j * n + i, as vLLM), all queued together; usage sums over the batch.
+`echo`: each choice's text starts with its prompt's (the first chunk of a stream carries it)."""
 
 from __future__ import annotations
 
@@ -27,21 +28,28 @@ from flashstate.server.serving_engine import (
 class OpenAIServingCompletion(OpenAIServing):
     async def create(self, req: CompletionRequest, raw: Request) -> Response:
         self.check_model(req.model)
-        params = req.to_sampling_params()
-        prompts = [await self.tokenize(p) for p in req.prompts()]
+        req.check_priority(self.config.scheduling_policy)
+        params = req.to_sampling_params(self.engine.engine.generation_defaults, self.config.max_logprobs)
+        given = req.prompts()
+        prompts = [await self.tokenize(p) for p in given]
+        # per choice: the prompt text `echo` puts before it
+        echoes = [self._echo(g, p) if req.echo else "" for g, p in zip(given, prompts, strict=True)]
+        echoes = [e for e in echoes for _ in range(params.n)]
         request_id, created = new_id("cmpl"), now()
-        firsts, streams = await self.generate(raw, prompts, params, request_id, cache_salt=req.cache_salt)
+        firsts, streams = await self.generate(
+            raw, prompts, params, request_id, cache_salt=req.cache_salt, priority=req.priority
+        )
         head = {"id": request_id, "object": "text_completion", "created": created, "model": self.model_name}
         if req.stream:
-            return SSEResponse(self._stream(req, head, firsts, streams))
+            return SSEResponse(self._stream(req, head, firsts, streams, echoes))
         finals = await self.collect(
             raw, asyncio.gather(*(last_output(f, s) for f, s in zip(firsts, streams, strict=True)))
         )
         choices = [
             {
                 "index": i,
-                "text": out.text,
-                "logprobs": self._logprobs(out.token_ids, out.logprobs, 0)
+                "text": echoes[i] + out.text,
+                "logprobs": self._logprobs(out.token_ids, out.logprobs, out.top_logprobs, 0)
                 if req.logprobs is not None
                 else None,
                 "finish_reason": out.finish_reason,
@@ -51,8 +59,12 @@ class OpenAIServingCompletion(OpenAIServing):
             for i, out in enumerate(finals)
         ]
         return JSONResponse(
-            {**head, "choices": choices, "usage": _total_usage(finals), "system_fingerprint": None}
+            {**head, "choices": choices, "usage": _total_usage(finals, req.n), "system_fingerprint": None}
         )
+
+    def _echo(self, given: str | list[int], ids: list[int]) -> str:
+        """The prompt as text: as given, or its token ids decoded."""
+        return given if isinstance(given, str) else self.tokenizer.decode(ids, skip_special_tokens=False)
 
     async def _stream(
         self,
@@ -60,9 +72,20 @@ class OpenAIServingCompletion(OpenAIServing):
         head: dict[str, Any],
         firsts: list[RequestOutput],
         streams: list[AsyncIterator[RequestOutput]],
+        echoes: list[str],
     ) -> AsyncIterator[str]:
         latest = list(firsts)
         offsets = [0] * len(firsts)  # characters of text sent per choice (logprobs' text_offset)
+        for i, echo in enumerate(echoes):
+            if echo:
+                choice = {
+                    "index": i,
+                    "text": echo,
+                    "logprobs": None,
+                    "finish_reason": None,
+                    "stop_reason": None,
+                }
+                yield sse({**head, "choices": [choice]})
         try:
             async with aclosing(
                 merge_streams(firsts, streams)
@@ -72,7 +95,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     if (chunk := self._chunk(req, head, i, out, offsets)) is not None:
                         yield chunk
             if req.include_usage:
-                yield sse({**head, "choices": [], "usage": _total_usage(latest)})
+                yield sse({**head, "choices": [], "usage": _total_usage(latest, req.n)})
         except EngineError as e:
             yield self.engine_error_chunk(e)
         yield sse("[DONE]")
@@ -85,7 +108,10 @@ class OpenAIServingCompletion(OpenAIServing):
             return None  # nothing to send yet (e.g. text held back as a possible stop string)
         logprobs = None
         if req.logprobs is not None:
-            logprobs = self._logprobs(out.delta_token_ids, (out.logprobs or [])[-n:] if n else [], offsets[i])
+            top = (out.top_logprobs or [])[-n:] if n else []
+            logprobs = self._logprobs(
+                out.delta_token_ids, (out.logprobs or [])[-n:] if n else [], top, offsets[i]
+            )
         offsets[i] += len(out.delta_text)
         choice = {
             "index": i,
@@ -98,29 +124,35 @@ class OpenAIServingCompletion(OpenAIServing):
             choice["token_ids"] = out.delta_token_ids
         chunk: dict[str, Any] = {**head, "choices": [choice]}
         if req.include_usage:
-            chunk["usage"] = _total_usage([out]) if req.continuous_usage else None
+            chunk["usage"] = _total_usage([out], 1) if req.continuous_usage else None
         return sse(chunk)
 
-    def _logprobs(self, ids: list[int], logprobs: list[float] | None, offset: int) -> dict[str, Any]:
-        """Legacy completions logprobs. The engine reports the chosen token's logprob only, so each
-        `top_logprobs` entry holds that token alone."""
+    def _logprobs(
+        self,
+        ids: list[int],
+        logprobs: list[float] | None,
+        top: list[list[tuple[int, float]]] | None,
+        offset: int,
+    ) -> dict[str, Any]:
+        """Legacy completions logprobs. Each `top_logprobs` entry maps the chosen token, then the `logprobs`
+        most likely ones, to their logprobs (vLLM's: k or k + 1 entries)."""
         tokens = self.token_texts(ids)
         lps = list(logprobs or [])
-        text_offset = []
-        for t in tokens:
+        top = top or []
+        text_offset, tops = [], []
+        for k, (t, lp) in enumerate(zip(tokens, lps, strict=False)):
             text_offset.append(offset)
             offset += len(t)
-        return {
-            "tokens": tokens,
-            "token_logprobs": lps,
-            "top_logprobs": [{t: lp} for t, lp in zip(tokens, lps, strict=False)],
-            "text_offset": text_offset,
-        }
+            alternatives = top[k] if k < len(top) else []
+            texts = self.token_texts([a for a, _ in alternatives])
+            tops.append({t: lp} | {a: v for a, (_, v) in zip(texts, alternatives, strict=True) if a != t})
+        return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": text_offset}
 
 
-def _total_usage(outs: list[RequestOutput]) -> dict[str, Any]:
+def _total_usage(outs: list[RequestOutput], n: int) -> dict[str, Any]:
+    """Each prompt counted once (its `n` choices share it, as in vLLM), the completions summed."""
     return usage(
-        sum(len(o.prompt_token_ids) for o in outs),
+        sum(len(o.prompt_token_ids) for o in outs[::n]),
         sum(len(o.token_ids) for o in outs),
-        sum(o.stats.num_cached_tokens for o in outs),
+        sum(o.stats.num_cached_tokens for o in outs[::n]),
     )

@@ -27,7 +27,7 @@ from flashstate.config import EngineConfig
 from flashstate.engine.async_engine import AsyncEngine, EngineDeadError, EngineError
 from flashstate.engine.output.request_output import RequestOutput
 from flashstate.engine.scheduler import RequestTooLargeError
-from flashstate.sampling_params import SamplingParams
+from flashstate.sampling_params import SamplingParams, branch
 from flashstate.server.errors import APIError, bad_request
 from flashstate.server.metrics import ServerMetrics
 
@@ -37,7 +37,7 @@ Prompt = str | list[int]
 
 
 # Request fields the engine checks against the model (LLMEngine._bounded) besides the prompt.
-_ENGINE_CHECKED = {"stop_token_ids", "logprobs"}
+_ENGINE_CHECKED = {"stop_token_ids", "logprobs", "logit_bias", "allowed_token_ids", "priority"}
 
 
 class ClientGone(Exception):
@@ -131,17 +131,29 @@ class OpenAIServing:
         request_id: str,
         checkpoint_positions: list[int] | None = None,
         cache_salt: str | None = None,
+        priority: int = 0,
     ) -> tuple[list[RequestOutput], list[AsyncIterator[RequestOutput]]]:
         """Queue every prompt and wait for each one's first output. Returns those and the streams of the rest.
         Raises APIError (400 bad prompt, 503 overload, 500 engine dead) or ClientGone; on any error nothing
-        stays queued. `cache_salt`: the request's, which joins its tenant's (see `tenant_salt`)."""
-        self._check_capacity(len(prompts))
-        ids = [request_id] if len(prompts) == 1 else [f"{request_id}-{i}" for i in range(len(prompts))]
+        stays queued. `cache_salt`: the request's, which joins its tenant's (see `tenant_salt`).
+        With `params.n` > 1 each prompt is n engine requests (branches), prompt j's branch i at index
+        j * n + i (vLLM's choice order): branch 0 prefills the prompt, the others start from its state
+        (LLMEngine.add, `fork_of`), each with `branch(params, i)`."""
+        n = params.n
+        self._check_capacity(len(prompts) * n)
+        count = len(prompts) * n
+        ids = [request_id] if count == 1 else [f"{request_id}-{k}" for k in range(count)]
         salt = self.tenant_salt(raw, cache_salt)
         streams = [
-            self._tracked(self.engine.generate(p, params, rid, checkpoint_positions, salt))
-            for p, rid in zip(prompts, ids, strict=True)
-        ]
+            self._tracked(
+                self.engine.generate(
+                    p, branch(params, i), ids[j * n + i], checkpoint_positions, salt, priority,
+                    ids[j * n] if i else None,
+                )
+            )
+            for j, p in enumerate(prompts)
+            for i in range(n)
+        ]  # fmt: skip
         unstarted = len(streams)
         self._reserved += unstarted
 

@@ -52,7 +52,7 @@ COUNTS: dict[str, collections.Counter] = collections.defaultdict(collections.Cou
 
 @pytest.fixture(scope="module")
 def server(module_tmp):
-    args = ["--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "4", *COST]
+    args = ["--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "4", "--enable-dev-endpoints", *COST]
     with running_server(module_tmp, args) as s:
         yield s
     if report := os.environ.get("FUZZ_REPORT"):

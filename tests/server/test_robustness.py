@@ -23,7 +23,7 @@ def _chat(n: int) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def short(module_tmp):
-    with running_server(module_tmp, ["--max-model-len", "64", *COST]) as s:
+    with running_server(module_tmp, ["--max-model-len", "64", "--enable-dev-endpoints", *COST]) as s:
         yield s
 
 

@@ -25,6 +25,7 @@ class RequestOutput:
         "_prev",
         "_end",
         "_logprobs",
+        "_top_logprobs",
         "_stream",
         "_text",
         "_delta_start",
@@ -47,6 +48,7 @@ class RequestOutput:
         prompt: str | None = None,
         text: tuple[str, str] | TextStream = ("", ""),
         error: str | None = None,
+        top_logprobs: list[list[tuple[int, float]]] | None = None,
     ):
         """tokens[start:end] are the generated tokens so far, tokens[prev:end] the new ones; `text` is
         (text, delta_text), or the stream that detokenises them on demand (this output registers with it)."""
@@ -60,6 +62,7 @@ class RequestOutput:
         self.prompt = prompt
         self._tokens, self._start, self._prev, self._end = tokens, start, prev, end
         self._logprobs = logprobs
+        self._top_logprobs = top_logprobs
         self._stream: TextStream | None = None
         if isinstance(text, TextStream):
             self._stream = text
@@ -81,6 +84,12 @@ class RequestOutput:
     @property
     def logprobs(self) -> list[float] | None:
         return None if self._logprobs is None else self._logprobs[: self._end - self._start]
+
+    @property
+    def top_logprobs(self) -> list[list[tuple[int, float]]] | None:
+        """Per generated token, the (token id, logprob) pairs of the `logprobs` most likely tokens, best
+        first (raw logprobs, as `logprobs`); None when the request asked for no logprobs."""
+        return None if self._top_logprobs is None else self._top_logprobs[: self._end - self._start]
 
     @property
     def text(self) -> str:
