@@ -7,7 +7,10 @@ slot alone.
 `flashstate` (this project, DESIGN.md §2):
     placement  frontier checkpoint at each request's end (the last token whose KV is computed), and
                prefill exports at the branch point where the prompt leaves the cached path, at
-               chat-message ends, and at the prompt end when the frontier checkpoint is off;
+               chat-message ends, and at the prompt end when the frontier checkpoint is off; fallback
+               candidates (`--mamba-fallback-checkpoints`): one token before the prompt's end (an exact
+               retry, or a next turn leaving the path inside the reply, resumes there) and, `sparse`,
+               every vLLM block boundary the prefill passes; admitted and evicted like any checkpoint;
     eviction   Greedy-Dual-Size: H = L + saved / bytes, saved = C(depth) − C(depth of the checkpoint
                that would remain); L rises to the H of each evicted unit; a hit re-stamps the unit
                with the current L. Admission of a new checkpoint compares the same H. With leaf
@@ -61,6 +64,10 @@ class Policy:
     leaf_idle_seconds: float = 60.0
     checkpoint_block: int | None = None  # vllm: checkpoints only at multiples of this
     decode_kv: bool = False  # vllm: keep KV-only paths (no state) of prompt + output at request end
+    # flashstate: fallback candidates, one token before the prompt's end (retry) and, with `fallback_block`,
+    # every multiple of it the prefill passes
+    fallback_retry: bool = False
+    fallback_block: int | None = None
     clock: float = 0.0  # GDS L
 
     # ---- placement ------------------------------------------------------------------------------
@@ -81,6 +88,14 @@ class Policy:
         wanted = {*seq.hint_positions} if self.frontier else {prompt, *seq.hint_positions}
         if match.kv_depth > match.depth:
             wanted.add(min(match.kv_depth, prompt))
+        # Fallbacks: where the next request resumes when it leaves the frontier's path. prompt - 1 serves an
+        # exact retry (a hit leaves one token to compute) and any edit inside the reply; block multiples
+        # serve edits inside the prompt, at vLLM's granularity.
+        if self.fallback_retry:
+            wanted.add(prompt - 1)
+        if self.fallback_block is not None:
+            b = self.fallback_block
+            wanted.update(range((match.depth // b + 1) * b, prompt, b))
         return sorted(p for p in wanted if match.depth < p <= prompt)
 
     # ---- priority -------------------------------------------------------------------------------
@@ -179,11 +194,15 @@ def build_policy(
         eviction = config.prefix_cache_eviction or "gds"
         return Policy("flashstate", eviction=eviction, checkpoint_block=block, **common)
     if config.cache_policy == "flashstate":
+        fallback = config.mamba_fallback_checkpoints if config.mamba_frontier_checkpoint else "off"
+        sparse = fallback == "sparse" and config.mamba_prefill_export
         return Policy(
             "flashstate",
             eviction=config.prefix_cache_eviction or "gds",
             frontier=config.mamba_frontier_checkpoint,
             prefill_export=config.mamba_prefill_export,
+            fallback_retry=fallback != "off" and config.mamba_prefill_export,
+            fallback_block=vllm_geometry(config, spec, dtype).block if sparse else None,
             leaf_last=config.prefix_cache_leaf_last,
             leaf_idle_seconds=config.prefix_cache_leaf_idle_seconds,
             **common,
