@@ -1,7 +1,8 @@
 """When a request is done, and which of its text may be streamed so far.
 
-Both classes only see a `decode(token_ids) -> str` callable, never a tokenizer; bind the request's
-`skip_special_tokens` into it (e.g. `lambda ids: tok.decode(ids, skip_special_tokens=True)`).
+The checker and its IncrementalDetokenizer (detokenizer.py) only see a `decode(token_ids) -> str` callable,
+never a tokenizer; bind the request's `skip_special_tokens` into it
+(e.g. `lambda ids: tok.decode(ids, skip_special_tokens=True)`).
 """
 
 from __future__ import annotations
@@ -10,51 +11,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from flashstate.engine.output.detokenizer import IncrementalDetokenizer
 from flashstate.sampling_params import SamplingParams
 
+__all__ = ["Decode", "Finish", "IncrementalDetokenizer", "StopChecker"]
+
 Decode = Callable[[list[int]], str]
-
-# Decoding fewer than this many prompt tokens ahead of the first output token can drop its leading space
-# (SentencePiece strips it at the start of a decode) or misjudge byte-level merges.
-PROMPT_CONTEXT_TOKENS = 5
-
-
-class IncrementalDetokenizer:
-    """Per-token text deltas, decoding only a short window of the most recent tokens:
-
-        tokens: | < prefix: its text was emitted > | < pending: text not yet complete > | new |
-                0                                  read_offset                                len
-
-    delta = decode(prefix + pending + new)[len(decode(prefix)):], held back (and kept pending) while the
-    decoded window ends with U+FFFD, i.e. while a multi-byte character is split across tokens.
-    """
-
-    def __init__(self, decode: Decode, context: Sequence[int] = ()):
-        """`context`: token ids before the first one to add (the prompt); only its tail is used."""
-        self._decode = decode
-        self._tokens = list(context[max(0, len(context) - PROMPT_CONTEXT_TOKENS) :])
-        self._read_offset = len(self._tokens)
-
-    def add(self, token_id: int) -> str:
-        """Append one token; returns the newly complete text (possibly "")."""
-        self._tokens.append(token_id)
-        return self._advance(force=False)
-
-    def flush(self) -> str:
-        """Text still held back (possibly ending in U+FFFD); call when the sequence ends."""
-        return self._advance(force=True)
-
-    def _advance(self, force: bool) -> str:
-        if self._read_offset == len(self._tokens):
-            return ""
-        prefix = self._decode(self._tokens[: self._read_offset])
-        text = self._decode(self._tokens)
-        if text.endswith("\ufffd") and not force:
-            return ""
-        # The new prefix is what was pending + new; older tokens are no longer needed as context.
-        del self._tokens[: self._read_offset]
-        self._read_offset = len(self._tokens)
-        return text[len(prefix) :]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +35,7 @@ class StopChecker:
     Checks after each token, first match wins: eos (unless ignore_eos) -> "stop"; a stop token id ->
     "stop" with stop_reason = the id; a stop string anywhere in the text -> "stop" with stop_reason = the
     string, text cut before it (after it with include_stop_str_in_output); max_tokens -> "length".
+    Before `min_tokens` tokens only max_tokens stops it (as vLLM's).
     A stop token's own text is left out unless include_stop_str_in_output.
     Among stop strings, the one whose occurrence ends first wins (then the longer one), so the outcome
     does not depend on how the text was split into tokens.
@@ -104,9 +67,10 @@ class StopChecker:
             raise RuntimeError(f"request already finished ({self.finish})")
         p = self.params
         self.num_tokens += 1
-        if token_id in self._eos:
+        stoppable = self.num_tokens >= p.min_tokens  # before min_tokens nothing but the length stops it
+        if stoppable and token_id in self._eos:
             self.finish = Finish("stop")
-        elif token_id in self._stop_ids:
+        elif stoppable and token_id in self._stop_ids:
             self.finish = Finish("stop", token_id)
         token_stop = self.finish is not None
         new = self._detok.add(token_id) if not token_stop or p.include_stop_str_in_output else ""
@@ -115,7 +79,7 @@ class StopChecker:
             new += self._detok.flush()
         start = len(self.text)
         self.text += new
-        if not token_stop and new and p.stop:
+        if not token_stop and new and p.stop and stoppable:
             self._check_stop_strings(start)
         if self.finish is None and at_length:
             self.finish = Finish("length")
