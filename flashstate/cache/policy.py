@@ -95,7 +95,7 @@ class Policy:
             wanted.add(prompt - 1)
         if self.fallback_block is not None:
             b = self.fallback_block
-            wanted.update(range((match.depth // b + 1) * b, prompt, b))
+            wanted.update(range((match.depth // b + 1) * b, prompt + 1, b))
         return sorted(p for p in wanted if match.depth < p <= prompt)
 
     # ---- priority -------------------------------------------------------------------------------
