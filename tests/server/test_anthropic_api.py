@@ -200,8 +200,8 @@ def test_tool_choice_any_gives_tool_use_blocks_matching_the_schema(client):
         tool_choice={"type": "any", "disable_parallel_tool_use": True},
         **GREEDY,
     )
-    if m.stop_reason == "max_tokens" or not isinstance(getattr(m.content[-1], "input", None), dict):
-        pytest.xfail("tool_choice any does not force a valid call yet (structured outputs not in this tree)")
+    assert m.stop_reason != "max_tokens", "the grammar forces a complete call"
+    assert isinstance(getattr(m.content[-1], "input", None), dict)
     calls = [b for b in m.content if b.type == "tool_use"]
     assert len(calls) == 1 and m.stop_reason == "tool_use"
     for call in calls:
@@ -227,7 +227,15 @@ def test_thinking_is_accepted_and_its_budget_checked(client):
         ({"max_tokens": 4, "messages": []}, "messages"),
         ({"messages": [{"role": "user", "content": "hi"}]}, "max_tokens"),
         ({"max_tokens": 0, "messages": [{"role": "user", "content": "hi"}]}, "max_tokens"),
-        ({"max_tokens": 4, "messages": [{"role": "system", "content": "hi"}]}, "messages[0].role"),
+        ({"max_tokens": 4, "messages": [{"role": "tool", "content": "hi"}]}, "messages[0].role"),
+        (
+            {
+                "max_tokens": 4,
+                "messages": [{"role": "user", "content": "hi"}],
+                "context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]},
+            },
+            "context_management.edits[0]",
+        ),
         (
             {"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
             "messages[0].content[0].type",
@@ -255,6 +263,28 @@ def test_thinking_is_accepted_and_its_budget_checked(client):
 def test_bad_requests_are_400_naming_the_field(server, body, named):
     status, out = server.post_json("/v1/messages", {"model": MODEL, **body})
     assert named in error_of(status, out, 400, "invalid_request_error")
+
+
+def test_what_claude_code_sends_is_served(server):
+    """A `system` turn inside `messages` (rendered in place as a user turn) and a `context_management`
+    edit that keeps everything, as Claude Code sends on every request."""
+    body = {
+        "model": MODEL,
+        "max_tokens": 4,
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}],
+            },
+            {"role": "system", "content": "Available agent types: claude."},
+        ],
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "thinking": {"type": "adaptive"},
+        "output_config": {"effort": "high"},
+        "metadata": {"user_id": "u"},
+    }
+    status, out = server.post_json("/v1/messages", body)
+    assert status == 200 and out["type"] == "message", out
 
 
 def test_errors_have_anthropic_shape(server, client):
@@ -410,7 +440,6 @@ def test_streamed_tool_use_block(client):
     ) as stream:
         kinds = [(e.type, getattr(getattr(e, "delta", None), "type", None)) for e in stream]
         final = stream.get_final_message()
-    if final.stop_reason != "tool_use":
-        pytest.xfail("tool_choice any does not force a valid call yet (structured outputs not in this tree)")
+    assert final.stop_reason == "tool_use", "the grammar forces a complete call"
     (call,) = [b for b in final.content if b.type == "tool_use"]
     assert call.input["city"] in ("Paris", "Rome") and ("content_block_delta", "input_json_delta") in kinds

@@ -156,15 +156,27 @@ def test_tool_choice_required_gives_function_calls_matching_the_schema(client):
         max_output_tokens=200,
     )
     calls = [item for item in r.output if item.type == "function_call"]
-    if not calls or r.status == "incomplete":
-        pytest.xfail(
-            "tool_choice required does not force a valid call yet (structured outputs not in this tree)"
-        )
+    assert calls and r.status != "incomplete", "the grammar forces a complete call"
     assert len(calls) == 1 and r.status == "completed"
     for call in calls:
         args = json.loads(call.arguments)
         assert call.name == "get_weather" and args["city"] in ("Paris", "Rome") and call.call_id
         assert call.id.startswith("fc_") and call.status == "completed"
+
+
+def test_codex_tools_namespaces_and_offline_web_search(client):
+    """What Codex CLI sends: functions grouped in a `namespace` tool, and a `web_search` tool without
+    external access (accepted, not offered). A call to a namespaced function names its namespace."""
+    grouped = {k: v for k, v in WEATHER.items() if k != "type"} | {"type": "function"}
+    tools = [
+        {"type": "namespace", "name": "forecast", "description": "Weather tools.", "tools": [grouped]},
+        {"type": "web_search", "external_web_access": False},
+    ]
+    r = create(client, "Weather in Rome?", tools=tools, tool_choice="required", parallel_tool_calls=False,
+               max_output_tokens=200)  # fmt: skip
+    (call,) = [item for item in r.output if item.type == "function_call"]
+    assert call.name == "get_weather" and call.namespace == "forecast"
+    assert json.loads(call.arguments)["city"] in ("Paris", "Rome")
 
 
 @pytest.mark.parametrize(
@@ -351,7 +363,7 @@ def test_stream_translation_accumulates_to_the_plain_response():
         {"model": MODEL, "input": "weather?", "tools": [WEATHER], "stream": True}
     )
     count = len  # a stand-in token count: characters
-    events = ResponseEvents(head(req, "resp_1", MODEL), count)
+    events = ResponseEvents(head(req, "resp_1", MODEL), count, {})
     out = events.start() + [e for c in CHUNKS for e in events.feed(c)] + events.finish()
     assert [e["sequence_number"] for e in out] == list(range(len(out)))
     adapter = TypeAdapter(ResponseStreamEvent)
@@ -360,7 +372,7 @@ def test_stream_translation_accumulates_to_the_plain_response():
         state.handle_event(adapter.validate_python(data))
     streamed = out[-1]["response"]
     assert out[-1]["type"] == "response.completed"
-    plain = Response.model_validate(response(head(req, "resp_1", MODEL), BODY, count))
+    plain = Response.model_validate(response(head(req, "resp_1", MODEL), BODY, count, {}))
     final = Response.model_validate(streamed)
     assert _items(final) == _items(plain)
     assert [i.type for i in plain.output] == ["reasoning", "message", "function_call", "function_call"]
@@ -385,10 +397,7 @@ def test_streamed_function_call(client):
     )
     final = events[-1].response
     calls = [item for item in final.output if item.type == "function_call"]
-    if not calls or final.status == "incomplete":
-        pytest.xfail(
-            "tool_choice required does not force a valid call yet (structured outputs not in this tree)"
-        )
+    assert calls and final.status != "incomplete", "the grammar forces a complete call"
     (call,) = calls
     deltas = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
     (done,) = [e for e in events if e.type == "response.function_call_arguments.done"]

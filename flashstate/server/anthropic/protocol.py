@@ -14,8 +14,11 @@ bound only through max_tokens), `output_config.effort` (the template's `reasonin
 Accepted with no effect on the output, as they only label the request: `metadata`, `service_tier`,
 `cache_control` (top level and on blocks: the prefix cache is automatic), `speed: "standard"`,
 `user_profile_id`, `workspace_id`, `citations` on text blocks.
+`system` turns inside `messages` are rendered in place as user turns; `context_management` edits that
+keep everything (`clear_thinking_*` with `keep: "all"`, sent by Claude Code) are accepted.
 Refused with a 400 naming the field: image / document / search_result / server-tool blocks, server tools,
-`container`, `mcp_servers`, `context_management`, `diagnostics`, `inference_geo`, `speed: "fast"`.
+`container`, `mcp_servers`, other `context_management` edits, `diagnostics`, `inference_geo`,
+`speed: "fast"`.
 
 Unknown fields are ignored, as in the OpenAI API's bodies (protocol.py).
 """
@@ -56,7 +59,9 @@ class ContentBlock(_Strict):
 
 
 class Message(_Strict):
-    role: Literal["user", "assistant"]
+    # "system": an instruction inside the conversation (Claude Code sends its agent list this way); it is
+    # rendered in place as a user turn, so the prompt before it stays a cacheable prefix
+    role: Literal["user", "assistant", "system"]
     content: str | list[ContentBlock]
 
 
@@ -92,7 +97,7 @@ class OutputConfig(_Strict):
 
 
 # Anthropic fields with no meaning here: refused unless absent or null.
-_REFUSED = ("container", "mcp_servers", "context_management", "diagnostics", "inference_geo")
+_REFUSED = ("container", "mcp_servers", "diagnostics", "inference_geo")
 
 
 class _Prompt(_Strict):
@@ -120,6 +125,7 @@ class _Prompt(_Strict):
         for name in _REFUSED:
             if getattr(self, name) is not None:
                 raise bad_request(f"{name} is not supported by this server", param=name)
+        _check_context_management(self.context_management)
         if self.speed == "fast":
             raise bad_request('speed "fast" is not supported (only "standard")', param="speed")
         fields: dict[str, Any] = {"model": self.model, "messages": self._chat_messages()}
@@ -237,11 +243,30 @@ def _text(block: ContentBlock, where: str) -> str:
     return block.text
 
 
+def _check_context_management(value: Any) -> None:
+    """Server-side context edits: only those that change nothing pass (Claude Code sends
+    `clear_thinking_*` with `keep: "all"` on every request); any edit that would drop context is a 400."""
+    if value is None:
+        return
+    edits = value.get("edits") if isinstance(value, dict) else None
+    if not isinstance(edits, list) or set(value) - {"edits"}:
+        raise bad_request("context_management must be {edits: [...]}", param="context_management")
+    for i, edit in enumerate(edits):
+        kind = edit.get("type", "") if isinstance(edit, dict) else ""
+        if not (kind.startswith("clear_thinking") and edit.get("keep") == "all"):
+            raise bad_request(
+                f"context_management.edits[{i}]: {kind or edit!r} is not supported (only clear_thinking "
+                'with keep "all", which keeps everything)',
+                param=f"context_management.edits[{i}]",
+            )
+
+
 def _chat_turn(message: Message, where: str) -> list[dict[str, Any]]:
     """One Anthropic turn as chat messages, in block order: a user turn's tool results become `tool`
     messages, its text a user message; an assistant turn is one message (text, reasoning, tool calls)."""
+    role = "user" if message.role == "system" else message.role
     if isinstance(message.content, str):
-        return [{"role": message.role, "content": message.content}]
+        return [{"role": role, "content": message.content}]
     if message.role == "assistant":
         return [_assistant(message.content, where)]
     out: list[dict[str, Any]] = []

@@ -50,6 +50,8 @@ def head(req: ResponsesRequest, response_id: str, model: str) -> dict[str, Any]:
             "parameters": t.parameters,
             "strict": t.strict,
         }
+        if t.type == "function"
+        else t.model_dump(exclude_none=True)
         for t in req.tools or ()
     ]
     choice = req.tool_choice
@@ -130,8 +132,10 @@ def _message_item(mid: str, text: str | None, status: str) -> dict[str, Any]:
     return {"id": mid, "type": "message", "role": "assistant", "status": status, "content": content}
 
 
-def _call_item(fid: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
-    return {
+def _call_item(
+    fid: str, call_id: str, name: str, arguments: str, status: str, namespaces: dict[str, str]
+) -> dict[str, Any]:
+    item = {
         "id": fid,
         "type": "function_call",
         "call_id": call_id,
@@ -139,9 +143,14 @@ def _call_item(fid: str, call_id: str, name: str, arguments: str, status: str) -
         "arguments": arguments,
         "status": status,
     }
+    if name in namespaces:
+        item["namespace"] = namespaces[name]
+    return item
 
 
-def response(top: dict[str, Any], body: dict[str, Any], count_tokens: CountTokens) -> dict[str, Any]:
+def response(
+    top: dict[str, Any], body: dict[str, Any], count_tokens: CountTokens, namespaces: dict[str, str]
+) -> dict[str, Any]:
     """A chat.completion body as a response object (`top`: from `head`)."""
     choice = body["choices"][0]
     msg = choice["message"]
@@ -154,7 +163,8 @@ def response(top: dict[str, Any], body: dict[str, Any], count_tokens: CountToken
         output.append(_message_item(item_id("msg"), msg["content"], status))
     for call in msg.get("tool_calls") or []:
         fn = call["function"]
-        output.append(_call_item(item_id("fc"), call["id"], fn["name"], fn["arguments"], "completed"))
+        fc = _call_item(item_id("fc"), call["id"], fn["name"], fn["arguments"], "completed", namespaces)
+        output.append(fc)
     tokens = count_tokens(reasoning) if reasoning else 0
     return finished(top, output, choice["finish_reason"], usage(body.get("usage"), tokens))
 
@@ -163,9 +173,10 @@ class ResponseEvents:
     """Chat chunks in, Responses stream events out. `start` once, `feed` each chunk, `finish` once the
     chunks end. Items open one at a time: a delta of another kind closes the open one."""
 
-    def __init__(self, top: dict[str, Any], count_tokens: CountTokens):
+    def __init__(self, top: dict[str, Any], count_tokens: CountTokens, namespaces: dict[str, str]):
         self.top = top
         self.count_tokens = count_tokens
+        self.namespaces = namespaces
         self.seq = 0
         self.output: list[dict[str, Any]] = []  # items done, then the open one
         self.open: dict[str, Any] | None = None  # {"kind", "id", "text", and for calls "call_id", "name"}
@@ -259,7 +270,9 @@ class ResponseEvents:
                 "name": fn.get("name") or "",
             }
             self.tool_items[position] = self.open
-            item = _call_item(fid, self.open["call_id"], self.open["name"], "", "in_progress")
+            item = _call_item(
+                fid, self.open["call_id"], self.open["name"], "", "in_progress", self.namespaces
+            )
             events.append(self._event("response.output_item.added", output_index=len(self.output), item=item))
         if fn.get("arguments"):
             item = self.tool_items[position]
@@ -279,7 +292,9 @@ class ResponseEvents:
         where = {"item_id": iid, "output_index": index}
         kind = item_open["kind"]
         if kind == "function_call":
-            item = _call_item(iid, item_open["call_id"], item_open["name"], text, "completed")
+            item = _call_item(
+                iid, item_open["call_id"], item_open["name"], text, "completed", self.namespaces
+            )
             events = [
                 self._event(
                     "response.function_call_arguments.done", arguments=text, name=item["name"], **where

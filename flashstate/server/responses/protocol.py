@@ -81,6 +81,8 @@ class FunctionTool(_Strict):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+    tools: list[FunctionTool] | None = None  # a `namespace` tool's functions
+    external_web_access: bool | None = None  # `web_search`
 
 
 class ToolChoiceFunction(_Strict):
@@ -162,8 +164,8 @@ class ResponsesRequest(_Strict):
         }
         if self.stream:  # usage on every chunk: the final response's usage
             fields["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
-        if self.tools:
-            fields["tools"] = [_chat_tool(t, i) for i, t in enumerate(self.tools)]
+        if functions := self.functions():
+            fields["tools"] = [_chat_tool(t, where) for _, t, where in functions]
         if self.tool_choice is not None:
             fields["tool_choice"] = _chat_tool_choice(self.tool_choice)
         if self.text is not None and self.text.format is not None and self.text.format.type != "text":
@@ -174,6 +176,29 @@ class ResponsesRequest(_Strict):
                 kwargs["enable_thinking"] = False
             fields["chat_template_kwargs"] = kwargs
         return ChatCompletionRequest.model_validate({k: v for k, v in fields.items() if v is not None})
+
+    def functions(self) -> list[tuple[str | None, FunctionTool, str]]:
+        """The function tools offered to the model: (namespace, tool, where in the body). A `namespace`
+        tool's functions are offered by their own names; a `web_search` tool without external web access
+        (what Codex CLI sends) is accepted and not offered: this server runs no hosted tools."""
+        out = []
+        for i, tool in enumerate(self.tools or ()):
+            if tool.type == "namespace":
+                if not tool.name:
+                    raise bad_request(f"tools[{i}].name is required", param=f"tools[{i}].name")
+                out += [(tool.name, t, f"tools[{i}].tools[{j}]") for j, t in enumerate(tool.tools or ())]
+            elif tool.type == "web_search" and tool.external_web_access is False:
+                continue
+            else:
+                out.append((None, tool, f"tools[{i}]"))
+        names = [t.name for _, t, _ in out]
+        if len(set(names)) < len(names):
+            raise bad_request("two tools share a name (namespaces included)", param="tools")
+        return out
+
+    def tool_namespaces(self) -> dict[str, str]:
+        """Function name → its namespace, for the function_call items of the reply."""
+        return {t.name: ns for ns, t, _ in self.functions() if ns is not None and t.name}
 
     def _refuse(self) -> None:
         for name, why in _REFUSED.items():
@@ -274,13 +299,14 @@ def _tool_call(item: InputItem, where: str) -> dict[str, Any]:
     }
 
 
-def _chat_tool(tool: FunctionTool, i: int) -> dict[str, Any]:
+def _chat_tool(tool: FunctionTool, where: str) -> dict[str, Any]:
     if tool.type != "function":
         raise bad_request(
-            f"tools[{i}].type {tool.type!r}: only function tools are supported", param=f"tools[{i}].type"
+            f"{where}.type {tool.type!r}: only function tools (alone or in a namespace) are supported",
+            param=f"{where}.type",
         )
     if not tool.name:
-        raise bad_request(f"tools[{i}].name is required", param=f"tools[{i}].name")
+        raise bad_request(f"{where}.name is required", param=f"{where}.name")
     function: dict[str, Any] = {"name": tool.name}
     for key in ("description", "parameters", "strict"):
         if (value := getattr(tool, key)) is not None:

@@ -35,8 +35,10 @@ class OpenAIServingResponses:
         if req.stream:
             chunks = self.chat.completion_chunks(chat_req, raw)
             await anext_ready(chunks)  # a 4xx before the stream starts is a plain error response
-            return SSEResponse(self._events(chunks, ResponseEvents(top, self._count_tokens)))
-        return JSONResponse(response(top, await self.chat.completion(chat_req, raw), self._count_tokens))
+            events = ResponseEvents(top, self._count_tokens, req.tool_namespaces())
+            return SSEResponse(self._events(chunks, events))
+        body = await self.chat.completion(chat_req, raw)
+        return JSONResponse(response(top, body, self._count_tokens, req.tool_namespaces()))
 
     async def _events(
         self, chunks: AsyncIterator[dict[str, Any]], events: ResponseEvents
