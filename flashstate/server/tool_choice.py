@@ -23,6 +23,7 @@ from typing import Any
 
 from flashstate.server.errors import bad_request
 from flashstate.server.tool_parsers import ContentDelta, Delta, ToolCall, ToolCallDelta, collect, new_call_id
+from flashstate.server.tool_parsers.base import append_delta
 from flashstate.structured_output import StructuredOutput
 
 _WS = " \t\r\n"
@@ -299,19 +300,7 @@ class RequiredCallsParser:
         self._stage = "content"
 
     def _emit(self, event: Delta) -> None:
-        last = self._out[-1] if self._out else None
-        if isinstance(event, ContentDelta) and isinstance(last, ContentDelta):
-            self._out[-1] = ContentDelta(last.text + event.text)
-        elif (
-            isinstance(event, ToolCallDelta)
-            and isinstance(last, ToolCallDelta)
-            and event.name is None
-            and last.name is None
-            and last.index == event.index
-        ):
-            self._out[-1] = ToolCallDelta(last.index, last.arguments + event.arguments)
-        else:
-            self._out.append(event)
+        append_delta(self._out, event)
 
     def _take(self) -> list[Delta]:
         out, self._out = self._out, []

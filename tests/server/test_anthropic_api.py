@@ -14,6 +14,7 @@ from anthropic.types import RawMessageStreamEvent
 from pydantic import TypeAdapter
 
 from flashstate.server.anthropic.messages import MessageEvents, message
+from tests.server.chat_reply import BODY, CHUNKS
 from tests.server.conftest import running_server
 
 KEY = "sk-test-key"
@@ -315,94 +316,6 @@ def test_bearer_and_x_api_key_both_authorize(server):
 
 
 # ---- the stream translation on chat chunks with reasoning and tool calls -------------------------------
-
-
-def _chunk(delta=None, finish=None, usage=None):
-    choices = (
-        [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
-    )
-    body = {
-        "id": "chatcmpl-abc",
-        "object": "chat.completion.chunk",
-        "created": 0,
-        "model": MODEL,
-        "choices": choices,
-    }
-    if usage is not None:
-        body["usage"] = usage
-    return body
-
-
-USAGE = {
-    "prompt_tokens": 30,
-    "completion_tokens": 9,
-    "total_tokens": 39,
-    "prompt_tokens_details": {"cached_tokens": 20},
-}
-CHUNKS = [
-    _chunk({"role": "assistant", "content": ""}, usage={**USAGE, "completion_tokens": 0}),
-    _chunk({"reasoning_content": "The user wants "}),
-    _chunk({"reasoning_content": "the weather."}),
-    _chunk({"content": "Checking."}),
-    _chunk(
-        {
-            "tool_calls": [
-                {
-                    "index": 0,
-                    "id": "call_1",
-                    "type": "function",
-                    "function": {"name": "get_weather", "arguments": ""},
-                }
-            ]
-        }
-    ),
-    _chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]}),
-    _chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]}),
-    _chunk(
-        {
-            "tool_calls": [
-                {
-                    "index": 1,
-                    "id": "call_2",
-                    "type": "function",
-                    "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'},
-                }
-            ]
-        },
-        finish="tool_calls",
-    ),
-    _chunk(usage=USAGE),
-]
-BODY = {
-    "id": "chatcmpl-abc",
-    "object": "chat.completion",
-    "model": MODEL,
-    "choices": [
-        {
-            "index": 0,
-            "message": {
-                "role": "assistant",
-                "reasoning_content": "The user wants the weather.",
-                "content": "Checking.",
-                "tool_calls": [
-                    {
-                        "id": "call_1",
-                        "type": "function",
-                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
-                    },
-                    {
-                        "id": "call_2",
-                        "type": "function",
-                        "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'},
-                    },
-                ],
-            },
-            "finish_reason": "tool_calls",
-            "stop_reason": None,
-        }
-    ],
-    "usage": USAGE,
-}
 
 
 def test_stream_translation_accumulates_to_the_plain_message():

@@ -17,6 +17,7 @@ from pydantic import TypeAdapter
 
 from flashstate.server.responses.output import ResponseEvents, head, response
 from flashstate.server.responses.protocol import ResponsesRequest
+from tests.server.chat_reply import BODY, CHUNKS
 from tests.server.conftest import assert_error, running_server
 
 KEY = "sk-test-key"
@@ -264,93 +265,6 @@ def test_litellm_responses_openai(server, litellm):
 
 
 # ---- the stream translation on chat chunks with reasoning and tool calls -------------------------------
-
-
-def _chunk(delta=None, finish=None, usage=None):
-    choices = (
-        [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
-    )
-    body = {
-        "id": "chatcmpl-abc",
-        "object": "chat.completion.chunk",
-        "created": 0,
-        "model": MODEL,
-        "choices": choices,
-    }
-    if usage is not None:
-        body["usage"] = usage
-    return body
-
-
-USAGE = {
-    "prompt_tokens": 30,
-    "completion_tokens": 9,
-    "total_tokens": 39,
-    "prompt_tokens_details": {"cached_tokens": 20},
-}
-CHUNKS = [
-    _chunk({"role": "assistant", "content": ""}, usage={**USAGE, "completion_tokens": 0}),
-    _chunk({"reasoning_content": "The user wants "}),
-    _chunk({"reasoning_content": "the weather."}),
-    _chunk({"content": "Checking."}),
-    _chunk(
-        {
-            "tool_calls": [
-                {
-                    "index": 0,
-                    "id": "call_1",
-                    "type": "function",
-                    "function": {"name": "get_weather", "arguments": ""},
-                }
-            ]
-        }
-    ),
-    _chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]}),
-    _chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]}),
-    _chunk(
-        {
-            "tool_calls": [
-                {
-                    "index": 1,
-                    "id": "call_2",
-                    "type": "function",
-                    "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'},
-                }
-            ]
-        },
-        finish="tool_calls",
-    ),
-    _chunk(usage=USAGE),
-]
-BODY = {
-    "id": "chatcmpl-abc",
-    "object": "chat.completion",
-    "model": MODEL,
-    "choices": [
-        {
-            "index": 0,
-            "message": {
-                "role": "assistant",
-                "reasoning_content": "The user wants the weather.",
-                "content": "Checking.",
-                "tool_calls": [
-                    {
-                        "id": "call_1",
-                        "type": "function",
-                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
-                    },
-                    {
-                        "id": "call_2",
-                        "type": "function",
-                        "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'},
-                    },
-                ],
-            },
-            "finish_reason": "tool_calls",
-        }
-    ],
-    "usage": USAGE,
-}
 
 
 def _items(resp: Response) -> list[dict]:

@@ -232,10 +232,28 @@ class ToolParser:
 
     # -- for subclasses
 
-    def _text_state(self, final: bool) -> bool:  # replaced by each subclass
-        self._content(self._buf)
-        self._buf = ""
-        return False
+    OPEN_TAGS: tuple[str, ...] = ()  # the tags that may start a call
+
+    def _text_state(self, final: bool) -> bool:
+        """Content up to the first of OPEN_TAGS, a tail that may begin one held back until `final`; at a
+        tag the buffer starts with it and `_at_open(tag)` picks the next state."""
+        if not self.OPEN_TAGS:
+            self._content(self._buf)
+            self._buf = ""
+            return False
+        i, tag = find_first(self._buf, self.OPEN_TAGS)
+        if tag is None:
+            cut = len(self._buf) if final else i
+            self._content(self._buf[:cut])
+            self._buf = self._buf[cut:]
+            return False
+        self._content(self._buf[:i])
+        self._buf = self._buf[i:]
+        self._at_open(tag)
+        return True
+
+    def _at_open(self, tag: str) -> None:
+        raise NotImplementedError
 
     def _truncated(self) -> str:
         return ""
@@ -307,24 +325,28 @@ class ToolParser:
         self._content(text)
 
     def _emit(self, event: Delta) -> None:
-        out = self._out if self._held is None else self._held
-        last = out[-1] if out else None
-        if isinstance(event, ContentDelta) and isinstance(last, ContentDelta):
-            out[-1] = ContentDelta(last.text + event.text)
-        elif (
-            isinstance(event, ToolCallDelta)
-            and isinstance(last, ToolCallDelta)
-            and event.name is None
-            and last.name is None
-            and last.index == event.index
-        ):
-            out[-1] = ToolCallDelta(last.index, last.arguments + event.arguments)
-        else:
-            out.append(event)
+        append_delta(self._out if self._held is None else self._held, event)
 
     def _take(self) -> list[Delta]:
         out, self._out = self._out, []
         return out
+
+
+def append_delta(out: list[Delta], event: Delta) -> None:
+    """Append `event`, merged into the last event when both are content, or argument text of one call."""
+    last = out[-1] if out else None
+    if isinstance(event, ContentDelta) and isinstance(last, ContentDelta):
+        out[-1] = ContentDelta(last.text + event.text)
+    elif (
+        isinstance(event, ToolCallDelta)
+        and isinstance(last, ToolCallDelta)
+        and event.name is None
+        and last.name is None
+        and last.index == event.index
+    ):
+        out[-1] = ToolCallDelta(last.index, last.arguments + event.arguments)
+    else:
+        out.append(event)
 
 
 def tool_schemas(tools: Tools | None) -> dict[str, Mapping[str, Any]]:

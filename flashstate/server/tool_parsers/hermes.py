@@ -26,7 +26,7 @@ import json
 import re
 from typing import Any
 
-from flashstate.server.tool_parsers.base import ToolParser, Tools, find_first
+from flashstate.server.tool_parsers.base import ToolParser, Tools
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _WS = " \t\r\n"
@@ -121,6 +121,7 @@ def _is_object(text: str) -> bool:
 
 
 class HermesToolParser(ToolParser):
+    OPEN_TAGS = (OPEN,)
     name = "hermes"
     special_tokens = (OPEN, CLOSE)
 
@@ -136,17 +137,8 @@ class HermesToolParser(ToolParser):
     def _valid(self, arguments: str) -> bool:
         return _is_object(arguments)
 
-    def _text_state(self, final: bool) -> bool:
-        i, tag = find_first(self._buf, (OPEN,))
-        if tag is None:
-            cut = len(self._buf) if final else i
-            self._content(self._buf[:cut])
-            self._buf = self._buf[cut:]
-            return False
-        self._content(self._buf[:i])
-        self._buf = self._buf[i:]
+    def _at_open(self, tag: str) -> None:
         self._state = self._open_state
-        return True
 
     def _not_a_call(self) -> bool:
         """The `<tool_call>` at the head of the buffer starts no call: it is content; rescan the rest."""

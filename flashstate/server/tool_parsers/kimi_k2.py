@@ -42,6 +42,7 @@ def name_of(call_id: str) -> str | None:
 
 
 class KimiK2ToolParser(ToolParser):
+    OPEN_TAGS = (SECTION_BEGIN, CALL_BEGIN)
     name = "kimi_k2"
     special_tokens = (SECTION_BEGIN, SECTION_END, CALL_BEGIN, ARGUMENT_BEGIN, CALL_END)
 
@@ -52,23 +53,14 @@ class KimiK2ToolParser(ToolParser):
         self._args_started = False
         self._args_ws = ""
 
-    def _text_state(self, final: bool) -> bool:
-        i, tag = find_first(self._buf, (SECTION_BEGIN, CALL_BEGIN))
-        if tag is None:
-            cut = len(self._buf) if final else i
-            self._content(self._buf[:cut])
-            self._buf = self._buf[cut:]
-            return False
-        self._content(self._buf[:i])
+    def _at_open(self, tag: str) -> None:
         if tag == SECTION_BEGIN:
-            self._buf = self._buf[i + len(tag) :]
+            self._buf = self._buf[len(tag) :]
             self._in_section = True
             self._state = self._section_state
         else:
-            self._buf = self._buf[i:]
             self._in_section = False
             self._state = self._id_state
-        return True
 
     def _section_state(self, final: bool) -> bool:
         s = self._buf.lstrip(_WS)

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import json
 
-from flashstate.server.tool_parsers.base import ToolParser, Tools, find_first
+from flashstate.server.tool_parsers.base import ToolParser, Tools
 from flashstate.server.tool_parsers.hermes import parse_call
 
 OPEN, CLOSE = "<TOOLCALL>", "</TOOLCALL>"
 
 
 class NemotronJsonToolParser(ToolParser):
+    OPEN_TAGS = (OPEN,)
     name = "nemotron_json"
     special_tokens = (OPEN, CLOSE)
 
@@ -32,18 +33,9 @@ class NemotronJsonToolParser(ToolParser):
         self._state = self._text_state
         self._scan_from = 0
 
-    def _text_state(self, final: bool) -> bool:
-        i, tag = find_first(self._buf, (OPEN,))
-        if tag is None:
-            cut = len(self._buf) if final else i
-            self._content(self._buf[:cut])
-            self._buf = self._buf[cut:]
-            return False
-        self._content(self._buf[:i])
-        self._buf = self._buf[i:]
+    def _at_open(self, tag: str) -> None:
         self._scan_from = len(OPEN)
         self._state = self._block_state
-        return True
 
     def _block_state(self, final: bool) -> bool:
         end = self._buf.find(CLOSE, self._scan_from)

@@ -126,6 +126,7 @@ def _is_json(value: Any) -> bool:
 
 
 class Qwen3CoderToolParser(ToolParser):
+    OPEN_TAGS = (OPEN,)
     name = "qwen3_coder"
     special_tokens = (OPEN, CLOSE, FUNCTION, FUNCTION_END, PARAMETER, PARAMETER_END)
 
@@ -138,17 +139,8 @@ class Qwen3CoderToolParser(ToolParser):
         self._value: list[str] = []
         self._nparams = 0
 
-    def _text_state(self, final: bool) -> bool:
-        i, tag = find_first(self._buf, (OPEN,))
-        if tag is None:
-            cut = len(self._buf) if final else i
-            self._content(self._buf[:cut])
-            self._buf = self._buf[cut:]
-            return False
-        self._content(self._buf[:i])
-        self._buf = self._buf[i:]
+    def _at_open(self, tag: str) -> None:
         self._state = self._open_state
-        return True
 
     def _open_state(self, final: bool) -> bool:
         """After `<tool_call>`: a call when `<function=NAME>` follows, else the tag is content."""
