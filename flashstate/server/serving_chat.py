@@ -121,6 +121,8 @@ class OpenAIServingChat(OpenAIServing):
             i: int, delta: dict[str, Any], finish_reason: str | None, out: RequestOutput, logprobs=None
         ) -> dict[str, Any]:
             choice = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+            if finish_reason is not None:  # vLLM's: the stop string or token id that ended it, else None
+                choice["stop_reason"] = out.stop_reason
             body: dict[str, Any] = {**head, "choices": [choice]}
             if req.include_usage:
                 body["usage"] = _usage([out]) if req.continuous_usage else None

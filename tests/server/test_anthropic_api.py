@@ -136,6 +136,15 @@ def test_stop_sequences(client):
     m = ask(client, "Explain recursion.", max_tokens=24, stop_sequences=["@@never@@", stop])
     assert m.stop_reason == "stop_sequence" and m.stop_sequence == stop
     assert "".join(b.text for b in m.content) == free[: free.index(stop)]
+    with client.messages.stream(
+        model=MODEL,
+        max_tokens=24,
+        messages=[{"role": "user", "content": "Explain recursion."}],
+        stop_sequences=["@@never@@", stop],
+        extra_body={"temperature": 0.0},
+    ) as stream:
+        streamed = stream.get_final_message()
+    assert streamed.stop_reason == "stop_sequence" and streamed.stop_sequence == stop
 
 
 def test_count_tokens_counts_tools_and_tool_results(client):
