@@ -7,6 +7,9 @@ import pytest
 # Everything the engine caches on disk (the default model, calibration fits) goes to a per-run folder,
 # never the user's home; server subprocesses inherit it.
 os.environ.setdefault("FLASHSTATE_HOME", tempfile.mkdtemp(prefix="flashstate-test-"))
+# litellm (under mini-swe-agent and the litellm tests) reads its model cost map from the package, not the
+# network, which CI does not reach
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
 @pytest.fixture(scope="session")
