@@ -69,7 +69,7 @@ MALFORMED: list[tuple[str, bytes]] = (
             {"messages": [{"role": "robot", "content": "x"}]},
             {"messages": [{"role": "user"}]},
             {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
-            {"messages": _USER, "n": 3},
+            {"messages": _USER, "n": 0},
             {"messages": _USER, "model": "gpt-9"},
             {"messages": _USER, "max_tokens": 0},
             {"messages": _USER, "tool_choice": "required"},
@@ -449,7 +449,7 @@ def start_server(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen,
         sys.executable, "-m", "flashstate.cli", "serve", "--host", HOST, "--port", str(port),
         "--kv-cache-memory-bytes", args.kv_cache_memory_bytes, "--max-model-len", str(args.max_model_len),
         "--max-request-body-bytes", str(args.max_request_body_bytes),
-        "--prefill-cost-coefficients", "1e-5", "1e-10", *args.server_arg,
+        "--prefill-cost-coefficients", "1e-5", "1e-10", "--enable-dev-endpoints", *args.server_arg,
     ]  # fmt: skip
     with open(log, "wb") as out:
         env = {k: v for k, v in os.environ.items() if k not in ("FLASHSTATE_API_KEY", "VLLM_API_KEY")}
