@@ -50,6 +50,8 @@ def _shown(f: dataclasses.Field) -> str:
         text = "on" if value else "off"
     elif value is None:
         text = "none"
+    elif isinstance(value, tuple):
+        text = " ".join(map(str, value))  # as the values are given on the command line
     elif f.metadata["size"] and value and value % _BINARY["M"] == 0:
         unit = next(u for u in "TGM" if value % _BINARY[u] == 0)
         text = f"{value // _BINARY[unit]}{unit}i"
