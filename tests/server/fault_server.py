@@ -22,7 +22,7 @@ RELEASE_ENV = "FAULT_SERVER_RELEASE"
 _run, _schedule = ModelRunner.run, Scheduler.schedule
 
 
-def _run_with_faults(self, batch):
+def _run_with_faults(self, batch, *args, **kwargs):
     firsts = {s.token_ids[0] for s in batch.seqs}
     if POISON in firsts:
         raise RuntimeError("injected fault")
@@ -30,7 +30,7 @@ def _run_with_faults(self, batch):
         release = Path(os.environ[RELEASE_ENV])
         while not release.exists():
             time.sleep(0.05)
-    return _run(self, batch)
+    return _run(self, batch, *args, **kwargs)
 
 
 def _schedule_with_faults(self):

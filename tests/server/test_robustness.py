@@ -112,8 +112,13 @@ def test_a_request_the_engine_fails_gets_a_500_and_the_rest_are_served(faulty):
 def test_a_stalled_engine_loop_is_unhealthy_until_it_moves(faulty, tmp_path):
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         held = pool.submit(_complete, faulty, HOLD)
-        while faulty.request("GET", "/health")[0] != 503:  # the 1 s bound passes while the step is held
+        for _ in range(1200):  # the 1 s bound passes while the step is held (a guard, not a threshold)
+            if faulty.request("GET", "/health")[0] == 503:
+                break
+            assert not held.done(), held.result()  # the held request must not have ended
             time.sleep(0.1)
+        else:
+            raise AssertionError("/health never reported the stalled engine")
         (tmp_path / "release").touch()
         assert held.result()[0] == 200
     assert faulty.request("GET", "/health")[0] == 200
