@@ -76,10 +76,10 @@ def _poison(llm: LLM, marker: int, when=lambda seqs: True):
     runner = llm.engine.runner
     run = runner.run
 
-    def faulty(batch):
+    def faulty(batch, *args, **kwargs):
         if any(s.token_ids[0] == marker for s in batch.seqs) and when(batch.seqs):
             raise RuntimeError("injected fault")
-        return run(batch)
+        return run(batch, *args, **kwargs)
 
     runner.run = faulty
 
@@ -124,11 +124,11 @@ def test_a_request_in_max_faults_failed_steps_fails(tiny_model_dir):
     runner = llm.engine.runner
     run, calls = runner.run, []
 
-    def flaky(batch):  # fails whenever two or more run together: each alone succeeds
+    def flaky(batch, *args, **kwargs):  # fails whenever two or more run together: each alone succeeds
         calls.append(len(batch.seqs))
         if len(batch.seqs) > 1:
             raise RuntimeError("injected fault")
-        return run(batch)
+        return run(batch, *args, **kwargs)
 
     runner.run = flaky
     outs = llm.generate([[5, 6, 7], [8, 9, 10]], GREEDY)

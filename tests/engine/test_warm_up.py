@@ -22,7 +22,7 @@ def test_a_warm_up_leaves_nothing_behind(tiny_model_dir, alone, policy):
     llm = LLM(tiny_model_dir, max_num_batched_tokens=1024, cache_policy=policy)
     engine = llm.engine
     steps, run = [], engine.runner.run
-    engine.runner.run = lambda batch: steps.append(sum(batch.num_tokens)) or run(batch)
+    engine.runner.run = lambda batch, *a, **kw: steps.append(sum(batch.num_tokens)) or run(batch, *a, **kw)
     engine.warm_up()
     engine.runner.run = run
     assert {t.bit_length() - 1 for t in steps} == set(range(1, 11))  # 2-3, 4-7, ..., 1024: every bucket
