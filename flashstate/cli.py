@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from flashstate import __version__, envs
@@ -109,8 +110,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"flashstate: error: {e}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:  # Ctrl-C before the server took over the signal (loading the model)
-            print("flashstate: interrupted", file=sys.stderr)
-            return 130
+            print("flashstate: interrupted", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            # the engine thread may be inside native code (loading, compiling): tearing the interpreter down
+            # under it aborts the process (SIGABRT), so leave without the teardown
+            os._exit(130)
     return 0
 
 
