@@ -184,7 +184,7 @@ class LLMEngine:
             byte_budget=self.plan.shared_bytes,
         )
         self.scheduler = Scheduler.from_config(self.cache, c, self.max_model_len)
-        self.stats = snapshot(self.scheduler, self.cache, self.host)  # replaced after every step
+        self.stats = snapshot(self.scheduler, self.cache)  # replaced after every step
 
     def _prefill_cost(self, caches: CacheTensors) -> PrefillCost:
         """C(n) from the flag, else (when GDS needs it) the cached or a fresh calibration."""
@@ -361,7 +361,7 @@ class LLMEngine:
             batch, outputs = self._step()
             self.trace.record(start, self._scheduled_at, batch, self.scheduler, ahead, self.host)
         self._failed_steps = 0
-        self.stats = snapshot(self.scheduler, self.cache, self.host)
+        self.stats = snapshot(self.scheduler, self.cache)
         return outputs
 
     def _step(self) -> tuple[ScheduledBatch | None, list[RequestOutput]]:

@@ -1,8 +1,10 @@
-"""EngineStats: what /metrics reports, copied from the engine once per step into a frozen value.
+"""EngineStats: what /metrics reports of the engine, copied once per step into a frozen value.
 
 The engine thread builds it at the end of every step and swaps it in with one attribute store; the HTTP
 thread reads that attribute and nothing else of the engine's live objects, so a scrape never sees a count
-mid-update nor walks the scheduler's queues or the cache while the step loop changes them."""
+mid-update nor walks the scheduler's queues or the cache while the step loop changes them. The host tier's
+counters are the exception: its writer thread finishes write-backs after the last step of an idle engine, so
+a scrape copies them (`host_snapshot`) rather than read a step's stale copy."""
 
 from __future__ import annotations
 
@@ -36,7 +38,6 @@ class EngineStats:
     state_slots_total: int = 0
     state_slots_free: int = 0
     cache: CacheStats = dataclasses.field(default_factory=CacheStats)
-    host: HostSnapshot | None = None
     # the prefill cost model in use: (source kind, a, b) of C(n) = a·n + b·n²; None without prefix caching
     cost: tuple[str, float, float] | None = None
 
@@ -53,7 +54,11 @@ def _copy(stats):
     )
 
 
-def snapshot(scheduler: Scheduler, cache: CacheManager, host: HostTier | None) -> EngineStats:
+def host_snapshot(host: HostTier) -> HostSnapshot:
+    return HostSnapshot(_copy(host.stats), bool(host.available), host.used, host.num_states)
+
+
+def snapshot(scheduler: Scheduler, cache: CacheManager) -> EngineStats:
     blocks, slots = cache.block_pool, cache.state_pool
     policy = cache.policy
     return EngineStats(
@@ -64,8 +69,5 @@ def snapshot(scheduler: Scheduler, cache: CacheManager, host: HostTier | None) -
         state_slots_total=slots.num_slots,
         state_slots_free=slots.num_free,
         cache=_copy(cache.stats),
-        host=None
-        if host is None
-        else HostSnapshot(_copy(host.stats), bool(host.available), host.used, host.num_states),
         cost=None if policy is None else (policy.cost.kind, policy.cost.a, policy.cost.b),
     )

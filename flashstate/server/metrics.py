@@ -32,7 +32,7 @@ from prometheus_client.registry import Collector
 
 from flashstate.engine.async_engine import AsyncEngine
 from flashstate.engine.output.request_output import RequestOutput
-from flashstate.engine.stats_snapshot import HostSnapshot
+from flashstate.engine.stats_snapshot import HostSnapshot, host_snapshot
 
 _SECONDS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
             20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
@@ -164,8 +164,8 @@ class _EngineCollector(Collector):
         for reason, n in dict(stats.evictions).items():
             evictions.add_metric([*m, reason], n)
         yield evictions
-        if s.host is not None:
-            yield from _host_metrics(s.host, gauge, counter, m)
+        if llm.host is not None:
+            yield from _host_metrics(host_snapshot(llm.host), gauge, counter, m)
         if llm.device.type == "cuda":  # a retry frees cached blocks: the device synchronises
             retries = torch.cuda.memory_stats(llm.device).get("num_alloc_retries", 0)
             yield counter("flashstate:cuda_alloc_retries", "CUDA caching-allocator retries.", retries)
