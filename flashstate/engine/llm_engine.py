@@ -324,6 +324,7 @@ class LLMEngine:
         else:
             self.scheduler.add(req.seq)
         self.requests[request_id] = req
+        self.stats = snapshot(self.scheduler, self.cache)
         return request_id
 
     def _release_forks(self, request_id: str) -> None:
@@ -345,7 +346,9 @@ class LLMEngine:
         else:
             self.scheduler.finish(req.seq, "abort")
         req.seq.stats.finished_time = time.monotonic()
-        return self._output(req, "")
+        out = self._output(req, "")
+        self.stats = snapshot(self.scheduler, self.cache)  # an idle engine takes no step to show it
+        return out
 
     def has_unfinished(self) -> bool:
         return self.scheduler.num_unfinished > 0 or any(self._forks.values())
