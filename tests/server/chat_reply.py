@@ -3,6 +3,13 @@ chunks (CHUNKS) and the non-streamed body (BODY). The Anthropic and Responses tr
 through their translators and compare what the SDKs make of them."""
 
 MODEL = "flashstate-tiny"
+# the get_weather tool's JSON schema, offered by both dialects' tool tests
+WEATHER_PARAMETERS = {
+    "type": "object",
+    "properties": {"city": {"enum": ["Paris", "Rome"]}, "days": {"type": "integer", "maximum": 9}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
 
 
 def _chunk(delta=None, finish=None, usage=None):

@@ -14,7 +14,7 @@ from anthropic.types import RawMessageStreamEvent
 from pydantic import TypeAdapter
 
 from flashstate.server.anthropic.messages import MessageEvents, message
-from tests.server.chat_reply import BODY, CHUNKS
+from tests.server.chat_reply import BODY, CHUNKS, WEATHER_PARAMETERS
 from tests.server.conftest import running_server
 
 KEY = "sk-test-key"
@@ -25,12 +25,7 @@ GREEDY = {"extra_body": {"temperature": 0.0}}  # the SDK no longer has sampling 
 WEATHER = {
     "name": "get_weather",
     "description": "The weather in a city.",
-    "input_schema": {
-        "type": "object",
-        "properties": {"city": {"enum": ["Paris", "Rome"]}, "days": {"type": "integer", "maximum": 9}},
-        "required": ["city"],
-        "additionalProperties": False,
-    },
+    "input_schema": WEATHER_PARAMETERS,
 }
 
 

@@ -17,7 +17,7 @@ from pydantic import TypeAdapter
 
 from flashstate.server.responses.output import ResponseEvents, head, response
 from flashstate.server.responses.protocol import ResponsesRequest
-from tests.server.chat_reply import BODY, CHUNKS
+from tests.server.chat_reply import BODY, CHUNKS, WEATHER_PARAMETERS
 from tests.server.conftest import assert_error, running_server
 
 KEY = "sk-test-key"
@@ -28,12 +28,7 @@ WEATHER = {
     "type": "function",
     "name": "get_weather",
     "description": "The weather in a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"enum": ["Paris", "Rome"]}, "days": {"type": "integer", "maximum": 9}},
-        "required": ["city"],
-        "additionalProperties": False,
-    },
+    "parameters": WEATHER_PARAMETERS,
 }
 
 
