@@ -19,7 +19,9 @@ PrefillOrder = Literal["fifo", "arrivals-first"]
 SchedulingPolicy = Literal["fcfs", "priority"]
 UvicornLogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
 CheckpointPlacement = Literal["asc", "aligned"]
+KvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]  # vLLM's names; fp8 is fp8_e4m3
 LoadFormat = Literal["auto", "safetensors", "dummy"]  # vLLM's names; auto and safetensors read the same files
+Quantization = Literal["fp8"]  # vLLM's name: block-wise FP8 weights (spec/quantization.py)
 FallbackCheckpoints = Literal["off", "retry", "sparse"]
 
 CACHE_POLICIES: tuple[str, ...] = get_args(CachePolicy)
@@ -74,6 +76,18 @@ class EngineConfig:
         "auto",
         "weight and activation dtype; auto: the checkpoint's; half and float are accepted aliases",
         value_aliases={"half": "float16", "float": "float32"},
+    )
+    kv_cache_dtype: KvCacheDtype = _engine(
+        "auto",
+        "attention KV cache dtype (MLA's latent cache too; recurrent states keep theirs): auto: the model "
+        "dtype; fp8, fp8_e4m3: float8_e4m3fn; fp8_e5m2: float8_e5m2. Stored with scale 1.0, saturating at "
+        "the format's largest value (±448 for e4m3); the same budget then holds about twice the tokens",
+    )
+    quantization: Quantization | None = _engine(
+        None,
+        "weight quantization: fp8: block-wise FP8 linear weights (128x128 blocks, float8_e4m3fn with fp32 "
+        "scales, the published FP8 checkpoints' layout), a bf16 / fp32 checkpoint quantized at load",
+        shown="the checkpoint's (its config.json quantization_config)",
     )
     device: str = _engine("auto", "auto (cuda when present), cpu or cuda[:N]")
     seed: int = _engine(0, "global random seed")

@@ -1,11 +1,13 @@
 """The device tensors behind the KV block pool and the state pool, bound into the model's layers.
 
     KV, per attention layer:  k [num_blocks, block_size, kv_heads, head_dim]
-                              v [num_blocks, block_size, kv_heads, v_head_dim]     (model dtype)
+                              v [num_blocks, block_size, kv_heads, v_head_dim]     (kv dtype)
                               MLA: k [.., 1, kv_lora_rank + rope] (the latent), v a view of its first
                               kv_lora_rank values (AttentionSpec.cache_*)
     state, per linear layer:  conv [num_slots, conv_channels, conv_kernel - 1]      (model dtype)
                               ssm  [num_slots, *LinearSpec.state_shape]             (fp32)
+The kv dtype is the model dtype, or fp8 with `--kv-cache-dtype fp8` (`kv_dtype`; stored with scale 1.0,
+ops/attention/kv_cast.py): then a block takes half the bytes of bf16. States never change dtype.
 A block id or slot id indexes the same row in every layer's tensor. One row past the pools' blocks and
 slots (`pad_block`, `pad_slot`) belongs to no pool: padded rows of a CUDA-graph batch write there.
 """
@@ -21,9 +23,27 @@ from flashstate.models.base import HybridForCausalLM
 from flashstate.spec.model_spec import ModelSpec
 
 STATE_DTYPE = torch.float32
+# --kv-cache-dtype (vLLM's names) → the cache's torch dtype; "auto" is the model dtype
+KV_CACHE_DTYPES = {
+    "fp8": torch.float8_e4m3fn,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
+
+
+def kv_dtype(kv_cache_dtype: str, dtype: torch.dtype) -> torch.dtype:
+    """The attention cache's dtype for the flag's value `kv_cache_dtype`, on a model in `dtype`."""
+    if kv_cache_dtype == "auto":
+        return dtype
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(
+            f"kv_cache_dtype must be auto or one of {', '.join(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}"
+        )
+    return KV_CACHE_DTYPES[kv_cache_dtype]
 
 
 def kv_bytes_per_block(spec: ModelSpec, block_size: int, dtype: torch.dtype) -> int:
+    """Every attention layer's K and V bytes of one block, the cache in `dtype` (the kv dtype: `kv_dtype`)."""
     a = spec.attention
     if a is None or not spec.attention_layer_ids:
         return 0
@@ -69,18 +89,21 @@ class CacheTensors:
         num_slots: int,
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
+        kv_cache_dtype: torch.dtype | None = None,
     ) -> CacheTensors:
+        """States in `dtype` (conv) and STATE_DTYPE (ssm); K/V in `kv_cache_dtype` (None: `dtype`)."""
+        kv_cache_dtype = kv_cache_dtype or dtype
         kv, states = [], []
         a, lin = spec.attention, spec.linear
         pad_block, pad_slot = num_blocks, num_slots
         num_blocks, num_slots = num_blocks + 1, num_slots + 1
         for _ in spec.attention_layer_ids:
             shape = (num_blocks, block_size, a.cache_kv_heads)
-            k = torch.zeros(*shape, a.cache_k_dim, dtype=dtype, device=device)
+            k = torch.zeros(*shape, a.cache_k_dim, dtype=kv_cache_dtype, device=device)
             if a.latent_cache:
                 v = k[..., : a.cache_v_dim]
             else:
-                v = torch.zeros(*shape, a.cache_v_dim, dtype=dtype, device=device)
+                v = torch.zeros(*shape, a.cache_v_dim, dtype=kv_cache_dtype, device=device)
             kv.append((k, v))
         for _ in spec.linear_layer_ids:
             states.append(

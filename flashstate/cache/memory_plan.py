@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from flashstate.cache.cache_tensors import kv_bytes_per_block, state_bytes_per_slot
+from flashstate.cache.cache_tensors import kv_bytes_per_block, kv_dtype, state_bytes_per_slot
 from flashstate.cache.policy import vllm_geometry
 from flashstate.cache.vllm_pages import VllmPagePool
 from flashstate.config import EngineConfig
@@ -94,7 +94,8 @@ def plan_cache(
 
 
 def _plan(spec: ModelSpec, config: EngineConfig, dtype: torch.dtype, budget_bytes: int) -> CachePlan:
-    block = max(kv_bytes_per_block(spec, config.block_size, dtype), 1)
+    # KV blocks in the kv dtype (--kv-cache-dtype fp8: half of bf16's bytes), states in the model's
+    block = max(kv_bytes_per_block(spec, config.block_size, kv_dtype(config.kv_cache_dtype, dtype)), 1)
     slot = max(state_bytes_per_slot(spec, dtype), 1)
     working = config.max_num_seqs
     hybrid = bool(spec.attention_layer_ids and spec.linear_layer_ids)

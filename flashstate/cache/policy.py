@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
-from flashstate.cache.cache_tensors import kv_bytes_per_block, state_bytes_per_slot
+from flashstate.cache.cache_tensors import kv_bytes_per_block, kv_dtype, state_bytes_per_slot
 from flashstate.cache.cost import PrefillCost
 from flashstate.cache.tree import Match, Node, RadixTree
 from flashstate.config import EngineConfig
@@ -170,7 +170,8 @@ class VllmGeometry:
 
 def vllm_geometry(config: EngineConfig, spec: ModelSpec, dtype: torch.dtype) -> VllmGeometry:
     n_attn, n_lin = len(spec.attention_layer_ids), len(spec.linear_layer_ids)
-    per_token = kv_bytes_per_block(spec, config.block_size, dtype) // max(config.block_size * n_attn, 1)
+    kv_block = kv_bytes_per_block(spec, config.block_size, kv_dtype(config.kv_cache_dtype, dtype))
+    per_token = kv_block // max(config.block_size * n_attn, 1)
     state = state_bytes_per_slot(spec, dtype) // max(n_lin, 1)
     block = config.mamba_block_size
     if block is None:
@@ -186,7 +187,7 @@ def build_policy(
     """The policy `config` names, or None when prefix caching is off."""
     if not config.prefix_caching:
         return None
-    block_bytes = kv_bytes_per_block(spec, config.block_size, dtype)
+    block_bytes = kv_bytes_per_block(spec, config.block_size, kv_dtype(config.kv_cache_dtype, dtype))
     slot_bytes = state_bytes_per_slot(spec, dtype)
     common = dict(cost=cost, bytes_per_block=block_bytes, bytes_per_slot=slot_bytes)
     if config.cache_policy == "flashstate" and config.mamba_checkpoint_placement == "aligned":

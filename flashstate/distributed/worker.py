@@ -70,7 +70,7 @@ def dump_stacks_when_stuck() -> None:
 
 
 def _serve(config: EngineConfig, model_dir: str, rank: int, port: int, conn: Connection) -> None:
-    from flashstate.cache.cache_tensors import CacheTensors
+    from flashstate.cache.cache_tensors import CacheTensors, kv_dtype
     from flashstate.cache.memory_plan import cache_budget
     from flashstate.device import resolve_device
     from flashstate.engine.worker.cuda_graph import DecodeGraphs
@@ -92,8 +92,10 @@ def _serve(config: EngineConfig, model_dir: str, rank: int, port: int, conn: Con
     group.attach(model)
     conn.send(("ready", cache_budget(config, device)))
     _, num_blocks, num_slots = pickle.loads(conn.recv_bytes())
+    model_dtype = next(model.parameters()).dtype
+    kv = kv_dtype(config.kv_cache_dtype, model_dtype)
     caches = CacheTensors.allocate(
-        model.spec, num_blocks, config.block_size, num_slots, next(model.parameters()).dtype, device
+        model.spec, num_blocks, config.block_size, num_slots, model_dtype, device, kv
     )
     caches.bind(model)
     inputs: DecodeInputs | None = None

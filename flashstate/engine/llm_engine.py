@@ -20,7 +20,7 @@ import time
 import torch
 
 from flashstate.cache.block_pool import BlockPool
-from flashstate.cache.cache_tensors import CacheTensors
+from flashstate.cache.cache_tensors import CacheTensors, kv_dtype
 from flashstate.cache.cost import DEFAULT_COST, PrefillCost
 from flashstate.cache.host import build_host_tier
 from flashstate.cache.manager import CacheManager
@@ -87,8 +87,8 @@ class LLMEngine:
             raise
         tp = config.tensor_parallel_size
         logger.info(
-            "%s on %s (%s, tensor parallel %d): %s",
-            self.spec.architecture, self.device, self.dtype, tp, self.plan.describe(),
+            "%s on %s (%s, KV cache %s, tensor parallel %d): %s", self.spec.architecture, self.device,
+            self.dtype, kv_dtype(config.kv_cache_dtype, self.dtype), tp, self.plan.describe(),
         )  # fmt: skip
 
     def _build(self, config: EngineConfig, model_dir: str, dtype: torch.dtype | None) -> None:
@@ -112,8 +112,9 @@ class LLMEngine:
         fit = config.kv_cache_memory_bytes is None and self.device.type == "cuda"  # the budget is free memory
         self.plan: CachePlan = plan_cache(self.spec, config, self.dtype, self._cache_budget(), fit)
         caches = CacheTensors.allocate(
-            self.spec, self.plan.num_blocks, config.block_size, self.plan.num_slots, self.dtype, self.device
-        )
+            self.spec, self.plan.num_blocks, config.block_size, self.plan.num_slots, self.dtype, self.device,
+            kv_dtype(config.kv_cache_dtype, self.dtype),
+        )  # fmt: skip
         if self.tp is not None:
             caches = self.tp.start(self.model, caches, self.plan.num_blocks, self.plan.num_slots)
             self.model = self.tp.model

@@ -239,7 +239,7 @@ class MultiLatentAttention(AttentionMixer):
         outs = []
         for i, ctx in enumerate(meta.context_lens.tolist()):
             table = meta.block_tables[i, : -(-ctx // block_size)]
-            latents = self.k_cache[table].flatten(0, 2)[:ctx]  # [ctx, rank + rope]: one shared head
+            latents = self.k_cache[table].flatten(0, 2)[:ctx].to(q.dtype)  # [ctx, rank + rope]: one head
             c, k_rope = latents.split([a.kv_lora_rank, a.qk_rope_head_dim], -1)
             k_nope, v = self.kv_b_proj(c).view(ctx, h, -1).split([a.qk_nope_head_dim, a.v_head_dim], dim=-1)
             k = torch.cat([k_nope, k_rope[:, None, :].expand(ctx, h, a.qk_rope_head_dim)], dim=-1)

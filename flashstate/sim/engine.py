@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from flashstate.cache.block_pool import BlockPool
+from flashstate.cache.cache_tensors import kv_dtype
 from flashstate.cache.cost import PrefillCost
 from flashstate.cache.host.build import host_capacity
 from flashstate.cache.manager import CacheManager
@@ -80,7 +81,8 @@ def host_tier(
     if config.host_tier is None:
         return None
     capacity, chunk = host_capacity(config)[1], config.host_chunk_tokens
-    return SimHostTier(spec, dtype, config.block_size, capacity, cost, clock, chunk, config.host_inline)
+    kv = kv_dtype(config.kv_cache_dtype, dtype)
+    return SimHostTier(spec, dtype, config.block_size, capacity, cost, clock, chunk, config.host_inline, kv)
 
 
 class SimEngine:

@@ -87,10 +87,11 @@ class SimHostTier:
         clock: Callable[[], float],
         chunk: int,
         inline_fetch: bool = False,
+        kv_cache_dtype: torch.dtype | None = None,
     ):
         self.inline_fetch = inline_fetch  # ready at admission (the fetch's engine-thread time is not charged)
         self.layout = HostLayout("simulated", chunk_tokens(block_size, chunk))
-        self.token_bytes = kv_bytes_per_block(spec, 1, dtype)
+        self.token_bytes = kv_bytes_per_block(spec, 1, kv_cache_dtype or dtype)  # the engine's KV bytes
         self.state_bytes = state_bytes_per_slot(spec, dtype)
         self.chunk_bytes = self.layout.chunk_tokens * self.token_bytes
         self.index = HostIndex(capacity, lambda depth: cost.saved(depth, 0), lambda key: None)

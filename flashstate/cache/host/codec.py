@@ -37,7 +37,11 @@ _MAC_AT = 12
 _MAC_SIZE = 32
 _ALIGN = 64
 Spec = tuple[torch.dtype, tuple[int, ...]]
-_DTYPES = {str(d): d for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.uint8)}
+_DTYPES = {
+    str(d): d
+    for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.uint8)
+    + (torch.float8_e4m3fn, torch.float8_e5m2)  # --kv-cache-dtype fp8's KV
+}
 
 
 def _align(n: int) -> int:

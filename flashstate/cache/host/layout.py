@@ -64,8 +64,9 @@ def model_fingerprint(
     chunk_tokens: int,
     cache_shapes: list | None = None,
 ) -> str:
-    """Weights, layer layout, dtype, block and chunk size, and the cache tensors' shapes per token (e.g. MLA's
-    latent): a state never restores into another model or another cache layout."""
+    """Weights, layer layout, dtype, block and chunk size, and the cache tensors' dtypes and shapes per token
+    (e.g. MLA's latent, an fp8 KV cache): a state never restores into another model or another cache layout
+    (a server restarted with another --kv-cache-dtype misses)."""
     layout = layout_fingerprint(
         spec, dtype, block_size=block_size, chunk_tokens=chunk_tokens, cache_shapes=cache_shapes or []
     )

@@ -7,7 +7,9 @@
 Device → host copies are enqueued on the current stream (ordered before any later write into the same
 blocks or slot) and do not block the host; `event()` marks when they have landed. Host → device copies
 of a restore run inside `side_stream()` (CUDA: a stream of their own, after the work already enqueued on
-the current one), so they overlap the forward passes of other sequences.
+the current one), so they overlap the forward passes of other sequences. An fp8 KV cache (--kv-cache-dtype)
+is moved as its bytes (`as_bytes`: torch has no float8 index_copy_); its objects' specs say float8, so they
+never restore into a cache of another dtype (codec.check: "layout", and the fingerprint's cache shapes).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from torch import Tensor
 from flashstate.cache.cache_tensors import CacheTensors, kv_tensors
 from flashstate.cache.host.codec import nbytes
 from flashstate.device import upload
+from flashstate.ops.attention.kv_cast import as_bytes
 
 Spec = tuple[torch.dtype, tuple[int, ...]]
 Layout = tuple[int, torch.dtype, tuple[int, ...]]  # a tensor's byte offset in its object, dtype, shape
@@ -54,7 +57,9 @@ class StateTransfer:
         idx = upload(blocks, torch.int64, self.device)
         caches = kv_tensors(self.caches.kv)
         for cache, dst in zip(caches, out, strict=True):
-            dst.copy_(cache.index_select(0, idx).flatten(0, 1)[:num_tokens], non_blocking=True)
+            as_bytes(dst).copy_(
+                as_bytes(cache).index_select(0, idx).flatten(0, 1)[:num_tokens], non_blocking=True
+            )
 
     def gather_chunks(
         self, blocks: list[int], buffers: list[Tensor], layout: list[Layout], group_bytes: int = 64 << 20
@@ -75,7 +80,7 @@ class StateTransfer:
             idx = upload(blocks[g * per : (g + len(group)) * per], torch.int64, self.device)
             rows = torch.empty(len(group), _row_bytes(hi - lo), dtype=torch.uint8, device=self.device)
             for cache, view in zip(caches, _views(rows, rel, self.block_size), strict=True):
-                view.copy_(cache.index_select(0, idx).view(view.shape))
+                as_bytes(view).copy_(as_bytes(cache).index_select(0, idx).view(view.shape))
             for buffer, row in zip(group, rows, strict=True):
                 buffer[lo:hi].copy_(row[: hi - lo], non_blocking=True)
 
@@ -118,7 +123,7 @@ class StateTransfer:
             s = s.to(self.device, non_blocking=True)
             if full:
                 idx = upload(blocks[:full], torch.int64, self.device)
-                cache.index_copy_(0, idx, s[: full * b].view(full, b, *s.shape[1:]))
+                as_bytes(cache).index_copy_(0, idx, as_bytes(s[: full * b].view(full, b, *s.shape[1:])))
             if n % b:
                 cache[blocks[full], : n % b].copy_(s[full * b :])
 
@@ -142,7 +147,7 @@ class StateTransfer:
                 row[:size].copy_(_bytes(piece[0], size), non_blocking=True)
             idx = upload(blocks[start // b : start // b + n * per], torch.int64, self.device).view(n, per)
             for cache, view in zip(caches, _views(rows, layout, b), strict=True):
-                cache[idx] = view
+                as_bytes(cache)[idx] = as_bytes(view)
             start, i = start + n * per * b, i + n
 
     def _to_device(self, tensors: list[Tensor]) -> list[Tensor]:

@@ -6,15 +6,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from flashstate.ops.attention.kv_cast import to_kv_cache
+
 
 def store_kv(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
     """Write new keys/values into the paged pool.
 
-    k: [T, Hkv, D]; k_cache: [num_blocks, block_size, Hkv, D]."""
+    k: [T, Hkv, D]; k_cache: [num_blocks, block_size, Hkv, D]; cast to the cache's dtype (kv_cast.py)."""
     block_size = k_cache.shape[1]
     blocks, offsets = slot_mapping // block_size, slot_mapping % block_size
-    k_cache[blocks, offsets] = k.to(k_cache.dtype)
-    v_cache[blocks, offsets] = v.to(v_cache.dtype)
+    k_cache[blocks, offsets] = to_kv_cache(k, k_cache.dtype)
+    v_cache[blocks, offsets] = to_kv_cache(v, v_cache.dtype)
 
 
 def paged_attention(
@@ -31,7 +33,7 @@ def paged_attention(
 
     q: [T, Hq, D]; k_cache: [num_blocks, block_size, Hkv, D]; v_cache: [num_blocks, block_size, Hkv, Dv];
     the span of sequence i holds its last `cu_seqlens[i+1] - cu_seqlens[i]` positions of
-    `context_lens[i]`. Returns [T, Hq, Dv].
+    `context_lens[i]`. The caches may be fp8 (read upcast to q's dtype). Returns [T, Hq, Dv].
     """
     block_size = k_cache.shape[1]
     hq, hkv = q.shape[1], k_cache.shape[2]

@@ -53,7 +53,7 @@ def paged_attention(
     block_tables: Tensor,
     scale: float,
 ) -> Tensor:
-    """Same contract as ops.attention.naive.paged_attention."""
+    """Same contract as ops.attention.naive.paged_attention (fp8 caches read upcast to q's dtype)."""
     block_size = k_cache.shape[1]
     hq, hkv = q.shape[1], k_cache.shape[2]
     outs = []

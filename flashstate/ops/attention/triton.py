@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from flashstate.ops.attention.kv_cast import as_bytes, to_kv_cache
 from flashstate.ops.attention.tiles import tile_list
 
 SMEM_BUDGET = 200 * 1024  # bytes of shared memory a tile may plan for (the H100/H200 allow 227 KiB)
@@ -36,8 +37,9 @@ def num_sms(device: torch.device) -> int:
 def store_kv(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor) -> None:
     """k: [T, Hkv, D]; k_cache: [num_blocks, block_size, Hkv, D]; token t goes to slot slot_mapping[t]."""
     slots = slot_mapping.to(device=k.device, dtype=torch.long)
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k.to(k_cache.dtype))
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v.to(v_cache.dtype))
+    for x, cache in ((k, k_cache), (v, v_cache)):  # fp8 rows go as bytes: index_copy_ has no float8 kernel
+        rows = as_bytes(cache.view(-1, *cache.shape[2:]))
+        rows.index_copy_(0, slots, as_bytes(to_kv_cache(x, cache.dtype)))
 
 
 @triton.jit
@@ -76,11 +78,12 @@ def _tile_step(
     off = (keys % PAGE).to(tl.int64)
     dk = tl.arange(0, BD)
     k_row = k_cache + page[None, :] * stride_kb + off[None, :] * stride_ko + kvh * stride_kh
-    k = tl.load(k_row + dk[:, None], mask=key_ok[None, :] & (dk[:, None] < D), other=0.0)
+    # an fp8 cache is upcast to q's dtype as it is read (a no-op for a cache in q's dtype)
+    k = tl.load(k_row + dk[:, None], mask=key_ok[None, :] & (dk[:, None] < D), other=0.0).to(q.dtype)
     s = tl.dot(q, k)
     if BD2 > 0:  # a head dim past the largest power of two in it (MLA's latent + rope): its remainder
         dk2 = BD + tl.arange(0, BD2)
-        k2 = tl.load(k_row + dk2[:, None], mask=key_ok[None, :] & (dk2[:, None] < D), other=0.0)
+        k2 = tl.load(k_row + dk2[:, None], mask=key_ok[None, :] & (dk2[:, None] < D), other=0.0).to(q.dtype)
         s += tl.dot(q2, k2)
     s = s * qk_scale
     if MASKED:
@@ -92,8 +95,8 @@ def _tile_step(
     l_i = l_i * alpha + tl.sum(p, 1)
     dv = tl.arange(0, BDV)
     v_ptrs = v_cache + page[:, None] * stride_vb + off[:, None] * stride_vo + kvh * stride_vh + dv[None, :]
-    v = tl.load(v_ptrs, mask=key_ok[:, None] & (dv[None, :] < DV), other=0.0)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    v = tl.load(v_ptrs, mask=key_ok[:, None] & (dv[None, :] < DV), other=0.0).to(q.dtype)
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
     return acc, m_new, l_i
 
 
@@ -289,8 +292,9 @@ def paged_attention(
 ) -> Tensor:
     """q: [T, Hq, D]; k_cache: [num_blocks, block_size, Hkv, D]; v_cache: [.., Hkv, Dv]; cu_seqlens: [N + 1];
     context_lens: [N]; block_tables: [N, max_blocks]. Span i holds the last cu[i+1] − cu[i] positions of
-    its context_lens[i]. Returns [T, Hq, Dv] in q's dtype. block_m/block_n/num_warps/num_stages override
-    the tiling, kv_splits the decode key split (for tuning and tests)."""
+    its context_lens[i]; the caches may be fp8 (read upcast to q's dtype). Returns [T, Hq, Dv] in q's
+    dtype. block_m/block_n/num_warps/num_stages override the tiling, kv_splits the decode key split (for
+    tuning and tests)."""
     t_total, hq, d = q.shape
     page, hkv, dv = k_cache.shape[1], k_cache.shape[2], v_cache.shape[-1]
     if hq % hkv:

@@ -1,6 +1,7 @@
 """q/k RMSNorm, rotary and the KV-cache write in one Triton launch (four to six otherwise), one program
 per (token, head) row; same contract as `naive.qk_norm_rope_store`. Each row is normalised in fp32 and
-rounded to the input dtype before the rotation, as the separate kernels round it between them."""
+rounded to the input dtype before the rotation, as the separate kernels round it between them. An fp8 KV
+cache gets k and v saturated at the format's largest value, as `store_kv` does (ops/attention/kv_cast.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,21 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from flashstate.ops.attention.kv_cast import fp8_max
+
 
 @triton.jit
-def _norm_rope_row(src, w, dst, cos, sin, eps, offset, D, half, BLOCK: tl.constexpr, BHALF: tl.constexpr):
+def _to_dst(y, dst, SAT: tl.constexpr):
+    """`y` as `dst` stores it; SAT > 0: first clamped to ±SAT (an fp8 cache's largest value)."""
+    if SAT > 0:
+        y = tl.minimum(tl.maximum(y.to(tl.float32), -SAT), SAT)
+    return y.to(dst.dtype.element_ty)
+
+
+@triton.jit
+def _norm_rope_row(
+    src, w, dst, cos, sin, eps, offset, D, half, BLOCK: tl.constexpr, BHALF: tl.constexpr, SAT: tl.constexpr
+):
     cols = tl.arange(0, BLOCK)
     x = tl.load(src + cols, mask=cols < D, other=0.0)
     xf = x.to(tl.float32)
@@ -19,7 +32,7 @@ def _norm_rope_row(src, w, dst, cos, sin, eps, offset, D, half, BLOCK: tl.conste
     wf = tl.load(w + cols, mask=cols < D, other=0.0).to(tl.float32)
     y = (xf * rstd * (wf + offset)).to(x.dtype)
     past_rotary = (cols < D) & (cols >= 2 * half)
-    tl.store(dst + cols, y.to(dst.dtype.element_ty), mask=past_rotary)
+    tl.store(dst + cols, _to_dst(y, dst, SAT), mask=past_rotary)
     i = tl.arange(0, BHALF)
     hm = i < half
     x1 = tl.load(src + i, mask=hm, other=0.0).to(tl.float32)
@@ -30,8 +43,8 @@ def _norm_rope_row(src, w, dst, cos, sin, eps, offset, D, half, BLOCK: tl.conste
     y2 = (x2 * rstd * (w2 + offset)).to(x.dtype).to(tl.float32)
     c = tl.load(cos + i, mask=hm, other=0.0).to(tl.float32)
     s = tl.load(sin + i, mask=hm, other=0.0).to(tl.float32)
-    tl.store(dst + i, (y1 * c - y2 * s).to(x.dtype).to(dst.dtype.element_ty), mask=hm)
-    tl.store(dst + half + i, (y2 * c + y1 * s).to(x.dtype).to(dst.dtype.element_ty), mask=hm)
+    tl.store(dst + i, _to_dst((y1 * c - y2 * s).to(x.dtype), dst, SAT), mask=hm)
+    tl.store(dst + half + i, _to_dst((y2 * c + y1 * s).to(x.dtype), dst, SAT), mask=hm)
 
 
 @triton.jit
@@ -64,6 +77,7 @@ def _qk_norm_rope_store_kernel(
     BLOCK: tl.constexpr,
     BHALF: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    SAT: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
@@ -71,16 +85,16 @@ def _qk_norm_rope_store_kernel(
     if j < H:
         src = q + t * stride_q_t + j * stride_q_h
         dst = q_out + (t * H + j) * D
-        _norm_rope_row(src, q_weight, dst, cos_t, sin_t, eps, offset, D, half, BLOCK, BHALF)
+        _norm_rope_row(src, q_weight, dst, cos_t, sin_t, eps, offset, D, half, BLOCK, BHALF, 0.0)
     else:
         hk = j - H
         slot = tl.load(slots + t).to(tl.int64)
         src = k + t * stride_k_t + hk * stride_k_h
         dst = k_cache + (slot * HK + hk) * D
-        _norm_rope_row(src, k_weight, dst, cos_t, sin_t, eps, offset, D, half, BLOCK, BHALF)
+        _norm_rope_row(src, k_weight, dst, cos_t, sin_t, eps, offset, D, half, BLOCK, BHALF, SAT)
         cv = tl.arange(0, BLOCK_V)
         vv = tl.load(v + t * stride_v_t + hk * stride_v_h + cv, mask=cv < DV, other=0.0)
-        tl.store(v_cache + (slot * HK + hk) * DV + cv, vv.to(v_cache.dtype.element_ty), mask=cv < DV)
+        tl.store(v_cache + (slot * HK + hk) * DV + cv, _to_dst(vv, v_cache, SAT), mask=cv < DV)
 
 
 def qk_norm_rope_store(
@@ -116,6 +130,7 @@ def qk_norm_rope_store(
             q, k, v, q_weight, k_weight, out, k_cache, v_cache, slot_mapping.to(device=q.device), cos, sin,
             eps, offset, heads, kv_heads, d, dv, half, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
             v.stride(0), v.stride(1), cos.stride(0), BLOCK=triton.next_power_of_2(d),
-            BHALF=triton.next_power_of_2(max(half, 1)), BLOCK_V=triton.next_power_of_2(dv), num_warps=2,
+            BHALF=triton.next_power_of_2(max(half, 1)), BLOCK_V=triton.next_power_of_2(dv),
+            SAT=fp8_max(k_cache.dtype), num_warps=2,
         )  # fmt: skip
     return out
