@@ -1,6 +1,7 @@
 """The MoE experts' oracle: per selected expert, its tokens gathered, the expert run, the output times
 the routing weight added back per token (`index_add_`). It reads the selected experts on the host
-(`unique().tolist()`): a device wait per layer, so CUDA graphs cannot capture it."""
+(`unique().tolist()`): a device wait per layer, so CUDA graphs cannot capture it. FP8 stacks are
+dequantized per expert to x's dtype (the block scales applied in fp32, then cast)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from flashstate.ops.fp8.block_quant import dequantize_block
 from flashstate.ops.moe.experts import Experts
 
 
@@ -22,6 +24,14 @@ def _act(experts: Experts, u: Tensor) -> Tensor:
 
 def stacked_expert(experts: Experts, e: int) -> Callable[[Tensor], Tensor]:
     """Expert `e` computed from the stacks: w_out[e] · act(w_in[e] · x), in x's dtype."""
+    if experts.fp8:
+
+        def run(x: Tensor) -> Tensor:
+            w_in = dequantize_block(experts.w_in[e], experts.w_in_scale[e], x.dtype)
+            w_out = dequantize_block(experts.w_out[e], experts.w_out_scale[e], x.dtype)
+            return F.linear(_act(experts, F.linear(x, w_in)), w_out)
+
+        return run
     return lambda x: F.linear(_act(experts, F.linear(x, experts.w_in[e])), experts.w_out[e])
 
 

@@ -221,6 +221,8 @@ def moe_experts(
     """Same contract as `naive.moe_experts` (the routed sum, [T, D] in x's dtype); fp32 accumulation.
     x's rows may be strided (its last dim contiguous); `*_tiles` override the chosen tiles (their
     block_m must agree)."""
+    if experts.fp8:
+        raise ValueError("FP8 experts run in triton_fp8.moe_experts")
     t, d = x.shape
     top_k = ids.shape[1]
     w_in, w_out = experts.w_in, experts.w_out
