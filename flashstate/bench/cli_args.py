@@ -63,7 +63,26 @@ def replay_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--drain", type=float, default=d.drain_s, help="seconds in-flight requests get after the end"
     )
-    g.add_argument("--mode", default=d.mode, choices=MODES, help="token-id prompts or chat messages")
+    g.add_argument(
+        "--mode",
+        default=d.mode,
+        choices=MODES,
+        help="completions: token-id prompts, each turn re-sending the last one's tokens; chat: messages "
+        "through /v1/chat/completions, the history re-rendered by the server's chat template "
+        "(flashstate/bench/chat.py)",
+    )
+    g.add_argument(
+        "--chat-thinking-share",
+        type=float,
+        default=d.chat_thinking_share,
+        help="chat: share of an answer the trace marks `thinking` that stands for reasoning and is not "
+        "re-sent (0: all re-sent)",
+    )
+    g.add_argument(
+        "--no-chat-tools",
+        action="store_true",
+        help="chat: only system, user and assistant text (no tool definitions, calls or results)",
+    )
     g.add_argument("--served-model", default=None, help="model name to send (default: the server's)")
     g.add_argument(
         "--api-key",

@@ -27,7 +27,9 @@ class Completion:
     cached_tokens: int | None = None  # from usage.prompt_tokens_details; None: the server did not say
     completion_tokens: int = 0
     chunks: int = 0  # streamed chunks that carried tokens
-    text: str = ""
+    text: str = ""  # the content (chat: `delta.content`)
+    reasoning: str = ""  # chat: `delta.reasoning_content` (a server with a reasoning parser)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # chat: the calls, deltas merged
     token_ids: list[int] | None = None
     finish_reason: str | None = None
     error: str | None = None
@@ -54,10 +56,16 @@ def completion_body(
 
 
 def chat_body(
-    model: str | None, messages: list[dict[str, str]], max_tokens: int, temperature: float
+    model: str | None,
+    messages: list[dict[str, Any]],
+    max_tokens: int,
+    temperature: float,
+    tools: list[dict[str, Any]] | None = None,
+    tool_choice: str = "auto",
 ) -> dict[str, Any]:
     body = {
         "messages": messages,
+        **({"tools": tools, "tool_choice": tool_choice} if tools else {}),
         "max_tokens": max_tokens,
         "temperature": temperature,
         "ignore_eos": True,
@@ -78,19 +86,36 @@ def _absorb(c: Completion, chunk: dict[str, Any], now: float) -> None:
             c.cached_tokens = details["cached_tokens"]
     for choice in chunk.get("choices") or []:
         text = choice.get("text")
+        delta = choice.get("delta") or {}
         if text is None:
-            text = (choice.get("delta") or {}).get("content") or ""
+            text = delta.get("content") or ""
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
+        c.reasoning += reasoning
+        calls = delta.get("tool_calls") or []
+        for call in calls:
+            _merge_call(c.tool_calls, call)
         ids = choice.get("token_ids")
         if ids:
             c._ids.extend(ids)
             c.token_ids = c._ids
-        if text or ids:
+        if text or ids or reasoning or calls:
             c.chunks += 1
             c.text += text
             if c.t_first is None:
                 c.t_first = now
         if choice.get("finish_reason"):
             c.finish_reason = choice["finish_reason"]
+
+
+def _merge_call(calls: list[dict[str, Any]], delta: dict[str, Any]) -> None:
+    """A streamed tool-call delta into the calls so far: by `index`, id/name once, arguments appended."""
+    index = delta.get("index", len(calls))
+    while len(calls) <= index:
+        calls.append({"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+    call, fn = calls[index], delta.get("function") or {}
+    call["id"] = delta.get("id") or call["id"]
+    call["function"]["name"] += fn.get("name") or ""
+    call["function"]["arguments"] += fn.get("arguments") or ""
 
 
 async def stream(

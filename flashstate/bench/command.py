@@ -108,6 +108,8 @@ def replay_config_from_args(args: argparse.Namespace, scale: dict[str, Any], url
         model=args.served_model,
         api_key=api_key(args),
         mode=args.mode,
+        chat_thinking_share=args.chat_thinking_share,
+        chat_tools=not args.no_chat_tools,
         agents=args.agents,
         warmup_s=args.warmup,
         duration_s=args.duration,
@@ -166,6 +168,9 @@ def _run(args: argparse.Namespace) -> int:
     serve_args = (("--model", args.model) if args.model else ()) + tuple(shlex.split(args.serve_args))
     if api_key(args) and "--api-key" not in serve_args:
         serve_args += ("--api-key", api_key(args))
+    if args.mode == "chat" and not args.no_chat_tools and "--tool-call-parser" not in serve_args:
+        # tools with tool_choice "auto" need a tool-call parser; the default template writes hermes calls
+        serve_args += ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
     spec = ServerSpec(serve_args, args.server_timeout)
     out = out_dir_from_args(args)
     try:

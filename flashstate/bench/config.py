@@ -15,6 +15,8 @@ class ReplayConfig:
     model: str | None = None  # None: the server's first model
     api_key: str | None = None  # sent as `Authorization: Bearer` (a server started with --api-key)
     mode: str = "completions"  # completions (token-id prompts) | chat
+    chat_thinking_share: float = 0.5  # chat: share of an answer the trace marks `thinking` not re-sent
+    chat_tools: bool = True  # chat: tool definitions, calls and results where the trace has them
     agents: int = 4  # concurrent lanes
     warmup_s: float = 0.0
     duration_s: float = 60.0  # the measured window
@@ -41,5 +43,7 @@ class ReplayConfig:
             raise ValueError("agents and max_requests must be >= 1")
         if min(self.warmup_s, self.ramp_s, self.time_scale) < 0 or self.duration_s <= 0:
             raise ValueError("duration_s must be > 0; warmup_s, ramp_s, time_scale >= 0")
+        if not 0 <= self.chat_thinking_share <= 1:
+            raise ValueError(f"chat_thinking_share must be in [0, 1], got {self.chat_thinking_share}")
         if self.length_scale <= 0:
             raise ValueError(f"length_scale must be > 0, got {self.length_scale}")

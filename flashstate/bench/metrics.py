@@ -9,6 +9,9 @@
                        spread evenly over [first token, end])
     completed agents   top-level sessions whose every turn (and sub-agent) ran inside the window
     prefill / decode   uncached tokens / output tokens per minute per GPU
+    short of frontier  a turn that re-sent its whole context (a continuation) and got fewer cached tokens
+                       than the previous turn's prompt + output: its prompt left the cached path earlier
+                       (chat mode: the template re-rendered the history differently) or was evicted
 
 The measured window is [start, end) in seconds since the run began; a request belongs to it by its send
 time. Errors are counted, never measured; a prompt the server refuses as too long (`too_long`) ends its
@@ -43,6 +46,16 @@ class RequestRecord:
     echoed: bool  # the output's token ids came back and stay in the agent's context
     error: str | None = None
     too_long: bool = False  # refused as longer than the server's context: ends its session (truncated)
+    # the previous turn's prompt + output when this turn re-sent its whole context (else None): cached
+    # tokens short of it mean the prompt left the cached path before the frontier (or it was evicted)
+    frontier: int | None = None
+    tool_calls: int = 0  # chat: assistant tool calls in the messages sent
+    tool_results: int = 0  # chat: tool messages sent
+
+    @property
+    def short_of_frontier(self) -> int:
+        """Tokens of the previous turn's prompt + output this turn did not get from the cache."""
+        return max(0, self.frontier - self.cached_tokens) if self.frontier is not None else 0
 
     @property
     def uncached_tokens(self) -> int:
@@ -115,6 +128,9 @@ def summarize(
         "uncached_tokens": prompt - cached,
         "token_hit_rate": cached / prompt if prompt else None,
         "uncached_tokens_per_request": percentiles([r.uncached_tokens for r in ok], (50, 90)),
+        "continuations": sum(r.frontier is not None for r in ok),
+        "diverged_before_frontier": sum(r.short_of_frontier > 0 for r in ok),
+        "tokens_short_of_frontier": sum(r.short_of_frontier for r in ok),
         "ttft_s": percentiles([r.ttft for r in ok if r.ttft is not None]),
         "e2e_s": percentiles([r.e2e for r in ok]),
         "output_tokens": round(out_tokens, 1),

@@ -8,7 +8,10 @@ A lane draws a session, replays it turn by turn, and draws the next when it ends
 A request is sent `think_time · time_scale` (capped by `max_think_s`) after the previous one finished and
 its sub-agents joined; `max_tokens` is the recorded `out` (scaled) with `ignore_eos`. The agent's context
 grows as `prompts.PromptBuilder` says; the output stays in it when the server echoes its token ids (chat
-mode: always, as text). A prompt that would not fit `max_context` ends its session (`truncated`).
+mode: always, as the assistant message chat.py makes of the reply). A prompt that would not fit
+`max_context` ends its session (`truncated`). A turn that re-sends its whole previous context records
+that turn's prompt + output as its `frontier`: the most a cache could serve if the server saw the same
+tokens again (chat mode: the re-rendered history may leave them earlier).
 
 The run: lanes start staggered over `ramp_s`, warm up for `warmup_s`, then `duration_s` are measured. It
 stops sending at the window's end, after `max_requests` sends, or when `max_sessions` sessions have
@@ -27,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from flashstate.bench import client
+from flashstate.bench import chat, client
 from flashstate.bench.config import ReplayConfig
 from flashstate.bench.metrics import RequestRecord, SessionRecord, parse_prometheus
 from flashstate.bench.progress import Progress
@@ -37,7 +40,6 @@ from flashstate.bench.prompts import (
     Segment,
     context_len,
     scaled,
-    to_messages,
 )
 from flashstate.bench.workloads import Session
 from flashstate.gc_pauses import GcPauses, for_serving
@@ -57,6 +59,12 @@ class SessionSource:
         self.limit = limit
         if self._list is not None and not self._list:
             raise ValueError("no sessions to replay")
+
+    def has_tools(self) -> bool:
+        """Might a session carry tool definitions (`tool_tokens`)? A stream (synthetic) always might."""
+        if self._list is None:
+            return True
+        return any("tool_tokens" in s.meta for top in self._list for _, s in top.walk())
 
     def draw(self) -> tuple[Session, str, str] | None:
         """(session, hash scope, draw-unique id), or None when `limit` sessions were drawn."""
@@ -130,6 +138,8 @@ class Replay:
         self._model: str | None = None
         self._max_context: int | None = None
         self._chat_ratio = 1.0  # chat mode: server prompt tokens per estimated token (words)
+        self._per_word = 1.0  # chat mode: the server's tokens per word (chat.calibrate)
+        self._tool_choice = "auto"  # chat mode: "none" where the server has no tool-call parser
         self._http: httpx.AsyncClient | None = None
 
     def _builder(self, session: Session) -> PromptBuilder:
@@ -147,6 +157,9 @@ class Replay:
         n = context_len(context) * (self._chat_ratio if self.config.mode == "chat" else 1.0)
         return n + max_tokens > self._max_context
 
+    def _chat_info(self) -> dict[str, Any]:
+        return {"chat_tokens_per_word": self._per_word, "chat_tool_choice": self._tool_choice}
+
     async def _think(self, seconds: float) -> None:
         wait = seconds * self.config.time_scale
         if self.config.max_think_s is not None:
@@ -155,11 +168,22 @@ class Replay:
             await asyncio.sleep(wait)
 
     async def _send(
-        self, lane: int, sid: str, depth: int, turn: int, context: list[Segment], max_tokens: int, target: int
+        self,
+        lane: int,
+        sid: str,
+        depth: int,
+        turn: int,
+        context: list[Segment],
+        max_tokens: int,
+        target: int,
+        frontier: int | None = None,
     ) -> client.Completion:
         cfg = self.config
         if cfg.mode == "chat":
-            body = client.chat_body(self._model, to_messages(context), max_tokens, cfg.temperature)
+            messages, tools = chat.render(context, self._per_word)
+            body = client.chat_body(
+                self._model, messages, max_tokens, cfg.temperature, tools, self._tool_choice
+            )
             url = f"{cfg.base_url}/v1/chat/completions"
         else:
             prompt = [i for s in context for i in s.ids]
@@ -169,7 +193,8 @@ class Replay:
         if self._sent >= cfg.max_requests:
             self._stop.set()
         where = (lane, sid, depth, turn, time.perf_counter())
-        task = asyncio.create_task(self._request(url, body, where, context_len(context), max_tokens, target))
+        sizes = (context_len(context), max_tokens, target, frontier)
+        task = asyncio.create_task(self._request(url, body, where, sizes))
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
         return await asyncio.shield(task)  # a lane cancelled at the window's end leaves it to drain
@@ -179,12 +204,11 @@ class Replay:
         url: str,
         body: dict[str, Any],
         where: tuple[int, str, int, int, float],
-        sent: int,
-        max_tokens: int,
-        target: int,
+        sizes: tuple[int, int, int, int | None],
     ) -> client.Completion:
         cfg = self.config
         lane, sid, depth, turn, t_send = where
+        sent, max_tokens, target, frontier = sizes
         c = await client.stream(self._http, url, body, cfg.request_timeout_s, t_send)
         done = c.error is None
         self.requests.append(
@@ -205,6 +229,9 @@ class Replay:
                 echoed=done and (cfg.mode == "chat" or c.token_ids is not None),
                 error=c.error,
                 too_long=c.too_long,
+                frontier=frontier,
+                tool_calls=sum(len(m.get("tool_calls") or ()) for m in body.get("messages", ())),
+                tool_results=sum(m["role"] == "tool" for m in body.get("messages", ())),
             )
         )
         return c
@@ -218,6 +245,7 @@ class Replay:
         pending = [asyncio.create_task(self._sub(lane, s, scope, sid, depth, rec)) for s in session.subagents]
         context: list[Segment] = []
         prev = None
+        last: client.Completion | None = None  # the previous turn's answer
         try:
             for k, req in enumerate(session.requests):
                 if pending:
@@ -226,7 +254,17 @@ class Replay:
                     if not all(joined):
                         return False
                 await self._think(req.think_time)
-                context, _ = builder.next_context(context, scope, prev, req)
+                before = context_len(context)
+                context, plan = builder.next_context(context, scope, prev, req)
+                frontier = None
+                if last is not None and plan.kept == before and last.prompt_tokens is not None:
+                    frontier = last.prompt_tokens + last.completion_tokens
+                if cfg.mode == "chat":
+                    new, head = context[-1], context[:-1]
+                    if plan.kept == 0:
+                        context = chat.first_turn(new, session, cfg.length_scale, cfg.chat_tools)
+                    else:
+                        context = [*head, chat.next_input(head, new, req)]
                 max_tokens = builder.output_len(req)
                 if cfg.max_output_tokens is not None:
                     max_tokens = min(max_tokens, cfg.max_output_tokens)
@@ -235,7 +273,9 @@ class Replay:
                     break
                 if self._stop.is_set():
                     return False
-                c = await self._send(lane, sid, depth, k, context, max_tokens, builder.input_len(req))
+                c = await self._send(
+                    lane, sid, depth, k, context, max_tokens, builder.input_len(req), frontier
+                )
                 if c.too_long:  # the server counts more tokens than we estimated (chat mode)
                     rec.truncated = True
                     break
@@ -243,12 +283,17 @@ class Replay:
                     rec.failed = True
                     return False
                 rec.done += 1
+                last = c
                 if cfg.mode == "chat":
                     if c.prompt_tokens:  # server tokens per estimated token, learned as we go
                         self._chat_ratio = max(
                             self._chat_ratio, c.prompt_tokens / max(1, context_len(context))
                         )
-                    context.append(Segment("assistant", [0] * c.completion_tokens, c.text))
+                    context.append(
+                        chat.assistant_turn(
+                            c, req, builder.blocks, scope, k, cfg.chat_thinking_share, cfg.chat_tools
+                        )
+                    )
                 elif c.token_ids is not None:
                     context.append(Segment("assistant", list(c.token_ids)))
                 pending = [
@@ -301,6 +346,10 @@ class Replay:
             model, max_model_len = await server_model(self._http, cfg.base_url)
             self._model = cfg.model or model
             self._max_context = cfg.max_context or max_model_len
+            if cfg.mode == "chat":
+                self._per_word = await chat.calibrate(self._http, cfg.base_url, self._model) or 1.0
+                if cfg.chat_tools and self.source.has_tools():
+                    self._tool_choice = await chat.tool_choice(self._http, cfg.base_url, self._model)
             before = await fetch_metrics(self._http, cfg.base_url)
             started, self._t0 = time.time(), time.perf_counter()
             total = cfg.warmup_s + cfg.duration_s
@@ -332,7 +381,7 @@ class Replay:
             if own:
                 await self._http.aclose()
         return ReplayResult(
-            config=asdict(cfg),
+            config=asdict(cfg) | (self._chat_info() if cfg.mode == "chat" else {}),
             model=self._model,
             max_model_len=max_model_len,
             max_context=self._max_context,

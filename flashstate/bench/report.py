@@ -137,6 +137,13 @@ ROWS = [
     ("completed agents", lambda r: r["summary"]["completed_agents"], _num, False),
     ("requests", lambda r: r["summary"]["requests"], _num, False),
     ("prefill tokens / min / GPU", lambda r: r["summary"]["prefill_tpm_per_gpu"], _num, True),
+    (
+        "continuations short of frontier",  # re-sent its whole context, got less than prompt + output
+        lambda r: r["summary"].get("diverged_before_frontier"),
+        _num,
+        True,
+    ),
+    ("tokens short of frontier", lambda r: r["summary"].get("tokens_short_of_frontier"), _num, True),
     ("GPU-s / completed agent", lambda r: r["cost"]["gpu_seconds_per_completed_agent"], _num, True),
     (
         "provider cost / completed agent",

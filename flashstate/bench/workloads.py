@@ -5,7 +5,9 @@ Two trace formats:
 - AgentX / "Weka" Claude-Code traces: one JSON object per session (`.json` or `.json.gz`, a file or a
   directory of them). `requests` holds the agent's calls in order; each has `t` (seconds since the
   session started), `in`, `out`, `hash_ids` (one id per *full* `block_size`-token block of the prompt),
-  `think_time` (seconds between the previous response and this request), `api_time`, `stop`. An entry
+  `think_time` (seconds between the previous response and this request), `api_time`, `stop`,
+  `input_types` / `output_types` (what the prompt's new part and the answer held: "text", "tool_result";
+  "text", "thinking", "tool_use"; chat mode shapes its messages by them). An entry
   with `type: "subagent"` is a sub-agent with its own `requests`; its `t` is when it returned, and
   `duration_ms` how long it ran. Sub-agents listed between two parent requests were launched when the
   first one finished and joined before the second. `hash_id_scope: "local"` means ids are private to
@@ -45,6 +47,8 @@ class Request:
     think_time: float = 0.0  # seconds to wait before sending, after the previous step (and sub-agents)
     subagents: tuple[Session, ...] = ()  # launched when this request finishes, joined before the next
     stop: str | None = None
+    input_types: tuple[str, ...] = ()  # AgentX: what the prompt's new part is ("text", "tool_result")
+    output_types: tuple[str, ...] = ()  # AgentX: what the answer held ("text", "thinking", "tool_use")
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +97,14 @@ def _hash_ids(obj: dict, key: str, where: str) -> tuple[int, ...]:
         if isinstance(h, bool) or not isinstance(h, int):
             raise WorkloadError(f"{where}.{key}[{i}]: expected int, got {h!r:.60}")
     return tuple(ids)
+
+
+def _names(obj: dict, key: str, where: str) -> tuple[str, ...]:
+    names = _get(obj, key, where, list, required=False) or []
+    for i, n in enumerate(names):
+        if not isinstance(n, str):
+            raise WorkloadError(f"{where}.{key}[{i}]: expected str, got {n!r:.60}")
+    return tuple(names)
 
 
 def _check_blocks(hash_ids: tuple[int, ...], input_len: int, block_size: int, where: str) -> None:
@@ -167,6 +179,8 @@ def _agentx_requests(
                 think_time=think,
                 subagents=[],
                 stop=_get(e, "stop", w, str, required=False),
+                input_types=_names(e, "input_types", w),
+                output_types=_names(e, "output_types", w),
             )
         )
         group = []
