@@ -95,7 +95,7 @@ class LLMEngine:
         shard = self.tp.shard if self.tp is not None else None
         self.model = load_model(
             model_dir, dtype=dtype, device=self.device, shard=shard, load_format=config.load_format,
-            seed=config.seed,
+            seed=config.seed, quantization=config.quantization,
         )  # fmt: skip
         if self.tp is not None:
             self.tp.group.attach(self.model)

@@ -3,34 +3,45 @@ expert's checkpoint parameters (HF names, shapes, state_dict unchanged) views of
 
 After every device or dtype move (`_apply`): w_in[e] = [in_names' weights of expert e, rows side by
 side], w_out[e] = its `out_name` weight. In-place loads (`param.copy_`) keep the views; a replaced
-Parameter is noticed on the first expert and the stacks are made again."""
+Parameter is noticed on the first expert and the stacks are made again.
+
+Block-FP8 experts (`Fp8Linear`, every expert the same): the float8_e4m3fn weights stack as above and their
+`weight_scale_inv` the same way, w_in_scale [E, Σ ceil(rows/128), ceil(in/128)] and w_out_scale
+[E, ceil(D/128), ceil(I/128)]. Stacking gate and up rows is only a valid block layout when each part's rows
+are whole 128-row blocks; otherwise the model is refused (no FP8 experts of that width)."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
 
+from flashstate.layers.fp8_linear import SCALE_SUFFIX, Fp8Linear
 from flashstate.layers.stacked_linear import StackedLinears
+from flashstate.ops.fp8.block_quant import BLOCK
 from flashstate.ops.moe import Experts
 
 
-def _stack(experts: nn.ModuleList, names: tuple[str, ...]) -> Tensor:
-    """[E, Σ rows, in] copied from each expert's `names` weights, each weight made a view of its rows."""
-    first = [getattr(experts[0], n).weight for n in names]
+def _stack(experts: nn.ModuleList, names: tuple[str, ...], attr: str = "weight") -> Tensor:
+    """[E, Σ rows, in] copied from each expert's `names` `attr` tensors, each made a view of its rows."""
+    first = [getattr(getattr(experts[0], n), attr) for n in names]
     rows = sum(w.shape[0] for w in first)
     stacked = torch.empty(len(experts), rows, first[0].shape[1], dtype=first[0].dtype, device=first[0].device)
     for e, ex in enumerate(experts):
         start = 0
         for n in names:
             linear = getattr(ex, n)
-            w = linear.weight
+            w = getattr(linear, attr)
             view = stacked[e, start : start + w.shape[0]]
             with torch.no_grad():
                 view.copy_(w)
-            linear.weight = nn.Parameter(view, requires_grad=w.requires_grad)
+            setattr(linear, attr, nn.Parameter(view, requires_grad=w.requires_grad))
             start += w.shape[0]
         if isinstance(ex, StackedLinears) and ex.stacked_names == names:
-            ex._stacked = stacked[e]  # the expert's own stacked GEMM weight is the same rows
+            # the expert's own stacked GEMM weight (scales) are the same rows
+            if attr == "weight":
+                ex._stacked = stacked[e]
+            else:
+                ex._stacked_scale = stacked[e]
     return stacked
 
 
@@ -55,13 +66,40 @@ class StackedExperts(nn.Module):
         self._routed = self._restack()
         return self
 
+    def _fp8(self) -> bool:
+        """Whether the experts hold block-FP8 weights (all of them, or none: anything else is refused)."""
+        names = (*self.expert_in_names, self.expert_out_name)
+        kinds = {isinstance(getattr(ex, n), Fp8Linear) for ex in self.experts for n in names}
+        if len(kinds) > 1:
+            raise ValueError(
+                f"MoE experts ({', '.join(names)}) are partly FP8: a quantized checkpoint must quantize "
+                "every routed expert's projections or none"
+            )
+        if True not in kinds:
+            return False
+        for n in self.expert_in_names:
+            rows = getattr(self.experts[0], n).out_features
+            if len(self.expert_in_names) > 1 and rows % BLOCK:
+                raise ValueError(
+                    f"FP8 MoE experts: {n} has {rows} rows, not a multiple of {BLOCK}, so its block scales "
+                    f"cannot be stacked with {', '.join(x for x in self.expert_in_names if x != n)}'s; this "
+                    "model's experts cannot run in block FP8"
+                )
+        return True
+
     def _restack(self) -> Experts | None:
         first = getattr(self.experts[0], self.expert_in_names[0]).weight
         if first.device.type == "meta":
             return None
         w_in = _stack(self.experts, self.expert_in_names)
         w_out = _stack(self.experts, (self.expert_out_name,))
-        return Experts(w_in, w_out, self.expert_act, self.expert_gated, list(self.experts), self.accumulate)
+        scales = {}
+        if self._fp8():
+            scales["w_in_scale"] = _stack(self.experts, self.expert_in_names, SCALE_SUFFIX)
+            scales["w_out_scale"] = _stack(self.experts, (self.expert_out_name,), SCALE_SUFFIX)
+        return Experts(
+            w_in, w_out, self.expert_act, self.expert_gated, list(self.experts), self.accumulate, **scales
+        )
 
     def routed_experts(self) -> Experts:
         """The stacks (made again if a weight was replaced since the last move) and the expert modules."""

@@ -9,6 +9,12 @@ stored tensor are not module-tree names and are still accepted:
 - an MoE layer's experts stored fused (transformers 5's layout: `...experts.gate_up_proj` [E, 2·I, H],
   gate rows first, and `...experts.down_proj` [E, H, I]): split into the per-expert parameters.
 
+Block-FP8 checkpoints (config.json `quantization_config` with `quant_method: "fp8"`, spec/quantization.py):
+every linear whose `.weight` is stored as float8_e4m3fn is built as an `Fp8Linear` and loads its
+`.weight_scale_inv` too (a missing scale is a missing tensor). `quantization="fp8"` on a bf16 / fp32
+checkpoint builds the linears `converts_linear` picks in FP8 and quantizes each weight as it is read
+(`quantize_block`, the quantizer that writes FP8 checkpoints). Loading logs one line per shard file.
+
 `load_format="dummy"` reads no weights: the model named by a directory holding config.json (tokenizer
 files optional) or by a preset name is built on the device and filled with random weights
 (models/random_init.py), deterministic per seed.
@@ -19,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -26,19 +33,26 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
-from flashstate.config import LoadFormat
+from flashstate.config import LoadFormat, Quantization
 from flashstate.default_tokenizer import (
     DEFAULT_CHAT_TEMPLATE,
     DEFAULT_SPECIAL_TOKENS,
     build_default_tokenizer,
 )
+from flashstate.layers.fp8_linear import SCALE_SUFFIX, convert_linears, quantize_linears
 from flashstate.models.base import HybridForCausalLM
 from flashstate.models.random_init import randomize_
 from flashstate.models.registry import build_model
 from flashstate.models.shard_plan import Shard, ShardPlan, shard_spec
+from flashstate.ops.fp8.block_quant import FP8_DTYPE, quantize_block
 from flashstate.spec.hf_config import spec_from_hf
 from flashstate.spec.model_spec import ModelSpec
 from flashstate.spec.preset_configs import PRESETS, preset_config
+from flashstate.spec.quantization import (
+    Fp8BlockConfig,
+    quantization_from_hf,
+    resolve_quantization,
+)
 from flashstate.tokenizer import Tokenizer
 
 logger = logging.getLogger("flashstate")
@@ -74,15 +88,21 @@ def checkpoint_files(path: Path) -> list[Path]:
 
 
 def load_weights(
-    model: HybridForCausalLM, files: list[Path], strict_dtype: bool = True, plan: ShardPlan | None = None
+    model: HybridForCausalLM,
+    files: list[Path],
+    strict_dtype: bool = True,
+    plan: ShardPlan | None = None,
+    quantize: bool = False,
 ) -> None:
-    """Copy every checkpoint tensor into the module tree; with `plan`, only this rank's share of each."""
+    """Copy every checkpoint tensor into the module tree; with `plan`, only this rank's share of each.
+    `quantize`: an FP8 parameter may be given a full-precision weight, block-quantized as it is copied."""
     params = dict(model.named_parameters())
     params.update((k, v) for k, v in model.named_buffers() if k in model.state_dict())
     tied = "lm_head.weight" if model.spec.tie_word_embeddings else None
     seen: set[str] = set()
     skipped: Counter[str] = Counter()
-    for file in files:
+    for i, file in enumerate(files):
+        start, count, size = time.perf_counter(), 0, 0
         with safe_open(str(file), framework="pt") as f:
             for stored in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
                 name = model.checkpoint_name(stored)
@@ -98,7 +118,16 @@ def load_weights(
                 else:
                     raise CheckpointError(f"unexpected tensor {stored!r} in {file.name}")
                 for target_name, get in parts:
-                    _copy_in(model, params[target_name], target_name, get(), seen, strict_dtype, plan)
+                    tensor = get()
+                    count, size = count + 1, size + tensor.numel() * tensor.element_size()
+                    if quantize and _quantizes(params, target_name, tensor):
+                        _copy_quantized(model, params, target_name, tensor, seen, plan)
+                    else:
+                        _copy_in(model, params[target_name], target_name, tensor, seen, strict_dtype, plan)
+        logger.info(
+            "checkpoint shard %d/%d %s: %d tensors, %.2f GB in %.1f s",
+            i + 1, len(files), file.name, count, size / 1e9, time.perf_counter() - start,
+        )  # fmt: skip
     if skipped:
         logger.info(
             "checkpoint: skipped tensors flashstate does not run: %s",
@@ -110,6 +139,32 @@ def load_weights(
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise CheckpointError(f"missing tensor {missing[0]!r}{more} in checkpoint")
+
+
+def _quantizes(params: dict, name: str, tensor: Tensor) -> bool:
+    """Whether checkpoint tensor `name` is a full-precision weight of a block-FP8 parameter."""
+    return params[name].dtype == FP8_DTYPE and tensor.dtype != FP8_DTYPE and name.endswith(".weight")
+
+
+def _copy_quantized(
+    model: HybridForCausalLM, params: dict, name: str, tensor: Tensor, seen: set[str], plan: ShardPlan | None
+) -> None:
+    """Block-quantize full-precision weight `name` into its FP8 parameter and its `weight_scale_inv`, each
+    then put in the layout the model holds (`from_checkpoint`: both in the checkpoint's row order until
+    then, as an FP8 checkpoint stores them)."""
+    scale_name = name.removesuffix("weight") + SCALE_SUFFIX
+    if scale_name in seen:
+        raise CheckpointError(f"tensor {scale_name!r} appears in a checkpoint quantized at load")
+    if plan is not None:
+        tensor = plan.slice(name, tensor)
+    target = params[name]
+    if tuple(tensor.shape) != tuple(target.shape):
+        raise CheckpointError(
+            f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}"
+        )
+    q, scale = quantize_block(tensor)
+    _copy_in(model, target, name, q, seen, True, None)
+    _copy_in(model, params[scale_name], scale_name, scale, seen, True, None)
 
 
 def _auxiliary(stored: str) -> str | None:
@@ -159,7 +214,8 @@ def _copy_in(
         raise CheckpointError(
             f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}"
         )
-    if strict_dtype and tensor.dtype != target.dtype and tensor.is_floating_point():
+    scale = name.endswith("." + SCALE_SUFFIX)  # block scales: fp32 in the model, any float dtype stored
+    if strict_dtype and tensor.dtype != target.dtype and tensor.is_floating_point() and not scale:
         raise CheckpointError(f"tensor {name!r} has dtype {tensor.dtype}, expected {target.dtype}")
     with torch.no_grad():
         target.copy_(model.from_checkpoint(name, tensor))
@@ -185,6 +241,7 @@ def load_model(
     shard: Shard | None = None,
     load_format: LoadFormat = "auto",
     seed: int = 0,
+    quantization: Quantization | None = None,
 ) -> HybridForCausalLM:
     """Build the model named by `path/config.json` and load its safetensors.
 
@@ -193,27 +250,40 @@ def load_model(
     `spec` is that share's: heads and intermediate sizes divided by the world size). With
     `load_format="dummy"`, `path` may also be a preset name and no weights are read: random ones from
     `seed` are drawn on `device`.
+
+    `quantization` (`--quantization`; None: the checkpoint's `quantization_config`): "fp8" builds the
+    linear layers in block FP8; an FP8 checkpoint's are those it stores in FP8, a full-precision
+    checkpoint's are quantized as they are read, a dummy model's are drawn in full precision one tensor at
+    a time and quantized (the model never exists in full precision).
     """
     if load_format == "dummy":
-        spec = spec_from_hf(dummy_config(path))
+        config = dummy_config(path)
+        files = []
     else:
         path = Path(path)
         if not path.is_dir():
             raise FileNotFoundError(missing_model_message(str(path)))
-        spec = spec_from_hf(path)
+        config = json.loads((path / "config.json").read_text())
         files = checkpoint_files(path)
+    spec = spec_from_hf(config if load_format == "dummy" else path)
+    quant = resolve_quantization(quantization_from_hf(config), quantization)
     full_spec, plan = spec, None
     if shard is not None and shard.world_size > 1:
+        if quant is not None:
+            raise CheckpointError(
+                "FP8 weights with tensor parallelism (--tensor-parallel-size > 1) are not supported"
+            )
         plan = ShardPlan(spec, shard)
         spec = shard_spec(spec, shard.world_size)
-    model = _build_empty(spec, device)
+    model, quantize_on_load = _build_empty(spec, device, quant, files)
     if load_format == "dummy":
         randomize_(model, seed, full_spec, plan)
         logger.info(
-            "load format dummy: %s with random weights (seed %d), nothing read", spec.architecture, seed
-        )
+            "load format dummy: %s with random weights (seed %d)%s, nothing read",
+            spec.architecture, seed, " in block FP8" if quant is not None else "",
+        )  # fmt: skip
     else:
-        load_weights(model, files, plan=plan)
+        load_weights(model, files, plan=plan, quantize=quantize_on_load)
     model.post_load()
     if dtype is not None and dtype != spec.dtype:
         model = model.to(dtype)
@@ -250,9 +320,37 @@ def load_tokenizer(
     return Tokenizer.from_dir(source)
 
 
-def _build_empty(spec: ModelSpec, device: torch.device | str) -> HybridForCausalLM:
+def _build_empty(
+    spec: ModelSpec, device: torch.device | str, quant: Fp8BlockConfig | None = None, files: list[Path] = ()
+) -> tuple[HybridForCausalLM, bool]:
     """The model's module tree with uninitialised tensors of `spec.dtype` on `device` (cast while still on
-    the meta device, so a bf16 model never takes fp32 memory)."""
+    the meta device, so a bf16 model never takes fp32 memory), and whether its FP8 weights are quantized
+    at load. With `quant`, linears are `Fp8Linear`s: those `files` store in FP8 if any, else (a
+    full-precision checkpoint, or none: dummy) those `converts_linear` picks."""
     with torch.device("meta"):
         model = build_model(spec).to(spec.dtype)
-    return model.to_empty(device=device)
+    quantize_on_load = False
+    if quant is not None:
+        stored = _stored_fp8(model, files)
+        if stored:
+            chosen = quantize_linears(model, lambda name, _: name in stored)
+            if unknown := sorted(stored - set(chosen)):
+                raise CheckpointError(
+                    f"tensor {unknown[0]}.weight is stored in FP8 but is not a linear layer's weight"
+                )
+        else:
+            chosen = convert_linears(model, quant)
+            quantize_on_load = bool(files)
+        logger.info("block FP8: %d linear layers", len(chosen))
+    return model.to_empty(device=device), quantize_on_load
+
+
+def _stored_fp8(model: HybridForCausalLM, files: list[Path]) -> set[str]:
+    """Module-tree names of the linears whose weight `files` store as float8_e4m3fn (headers only)."""
+    found = set()
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for stored in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                if stored.endswith(".weight") and f.get_slice(stored).get_dtype() == "F8_E4M3":
+                    found.add(model.checkpoint_name(stored).removesuffix(".weight"))
+    return found

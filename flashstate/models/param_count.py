@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import torch
+
+from flashstate.layers.fp8_linear import convert_linears
+from flashstate.models.registry import build_model
 from flashstate.spec.model_spec import ModelSpec
+from flashstate.spec.quantization import Fp8BlockConfig
 
 
 def count_parameters(spec: ModelSpec, embeddings: bool = True) -> int:
@@ -98,3 +103,22 @@ def _moe_params(spec: ModelSpec) -> int:
 
 
 # --- random weights and model directories ----------------------------------------------------------------
+
+
+def weight_bytes(spec: ModelSpec, quant: Fp8BlockConfig | None = None, active: bool = False) -> int:
+    """Bytes of the weights (parameters and persistent buffers) of the model `spec` describes, as flashstate
+    builds it: with `quant`, the linears `converts_linear` picks hold float8_e4m3fn weights (1 byte each)
+    plus an fp32 scale per 128×128 block, the rest `spec.dtype`. `active`: the bytes one token's forward
+    reads (every MoE layer's routed experts but `top_k` left out). Built on the meta device: no memory."""
+    with torch.device("meta"):
+        model = build_model(spec).to(spec.dtype)
+        if quant is not None:
+            convert_linears(model, quant)
+    state = model.state_dict(keep_vars=True)
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    if active and spec.moe is not None:
+        for name, module in model.named_modules():
+            if name.endswith(".experts") and isinstance(module, torch.nn.ModuleList):
+                expert = sum(t.numel() * t.element_size() for t in module[0].state_dict().values())
+                total -= expert * (len(module) - spec.moe.top_k)
+    return total

@@ -21,6 +21,7 @@ from flashstate.models.base import AttentionMixer, HybridForCausalLM, LinearMixe
 from flashstate.ops.activation import sigmoid_mul, silu_mul
 from flashstate.ops.attention import paged_attention
 from flashstate.ops.backend import dense_on_cpu, gpu_kernels
+from flashstate.ops.fp8.block_quant import BLOCK
 from flashstate.ops.gated_delta_rule import chunk_gated_delta_rule, decode_gated_delta_rule_in_place
 from flashstate.ops.gdn_gating import gdn_gating
 from flashstate.ops.moe import moe_experts, softmax_topk
@@ -132,7 +133,7 @@ class Qwen3NextAttention(StackedLinears, AttentionMixer):
         t = x.shape[0]
         if self.q_proj.bias is None:
             widths = [2 * self.num_heads * self.head_dim] + [self.num_kv_heads * self.head_dim] * 2
-            qg, k, v = F.linear(x, self.stacked_weight()).split(widths, dim=-1)
+            qg, k, v = self.stacked_linear(x).split(widths, dim=-1)
         else:
             qg, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         # q_proj emits, per head, [query (head_dim) | gate (head_dim)]
@@ -189,9 +190,18 @@ class Qwen3NextGatedDeltaNet(StackedLinears, LinearMixer):
 
     def checkpoint_rows_to_blocks(self, leaf: str, w: Tensor) -> Tensor:
         """Checkpoint tensor `leaf` (`in_proj_qkvz.weight` / `in_proj_ba.weight`, this rank's key head
-        groups) with its rows re-ordered from per-group [q|k|v|z] / [b|a] to one block per part."""
+        groups) with its rows re-ordered from per-group [q|k|v|z] / [b|a] to one block per part. An FP8
+        checkpoint's `weight_scale_inv` (one row per 128 weight rows) moves with its rows, which needs
+        every part to be whole 128-row blocks."""
         r = self.nv // self.nk
         parts = [self.dk, self.dk, r * self.dv, r * self.dv] if leaf.startswith("in_proj_qkvz") else [r, r]
+        if leaf.endswith(".weight_scale_inv"):
+            if any(p % BLOCK for p in parts):
+                raise UnsupportedModelError(
+                    f"FP8 {leaf.partition('.')[0]}: its per-head-group parts {parts} are not multiples of "
+                    f"{BLOCK} rows, so its block scales cannot follow the re-ordered rows"
+                )
+            parts = [p // BLOCK for p in parts]
         grouped = w.reshape(self.nk, sum(parts), *w.shape[1:]).split(parts, dim=1)
         return torch.cat([p.reshape(-1, *w.shape[1:]) for p in grouped])
 
@@ -199,7 +209,7 @@ class Qwen3NextGatedDeltaNet(StackedLinears, LinearMixer):
         t = x.shape[0]
         key_dim, value_dim = self.nk * self.dk, self.nv * self.dv
         parts = [2 * key_dim + value_dim, value_dim, self.nv, self.nv]
-        mixed, z, b, a = F.linear(x, self.stacked_weight()).split(parts, dim=-1)  # views
+        mixed, z, b, a = self.stacked_linear(x).split(parts, dim=-1)  # views
         (q, k, v), conv_exported = causal_conv1d(
             mixed, self.conv1d.weight[:, 0], self.conv1d.bias, conv_state_pool=self.conv_state,
             state_indices=meta.state_slots, has_initial_state=meta.has_initial_state,
@@ -239,7 +249,7 @@ class Qwen3NextMLP(StackedLinears):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(silu_mul(F.linear(x, self.stacked_weight())))
+        return self.down_proj(silu_mul(self.stacked_linear(x)))
 
 
 class Qwen3NextSparseMoeBlock(StackedExperts):
@@ -345,7 +355,7 @@ class Qwen3NextForCausalLM(HybridForCausalLM):
     def from_checkpoint(self, name: str, tensor: Tensor) -> Tensor:
         """The Gated DeltaNet input projections' rows go from per-key-head-group to per-part blocks."""
         prefix, _, leaf = name.rpartition(".linear_attn.")
-        if leaf in ("in_proj_qkvz.weight", "in_proj_ba.weight"):
+        if leaf.partition(".")[0] in ("in_proj_qkvz", "in_proj_ba"):  # the weight, and an FP8 one's scales
             mixer = self.get_submodule(f"{prefix}.linear_attn")
             assert isinstance(mixer, Qwen3NextGatedDeltaNet)
             return mixer.checkpoint_rows_to_blocks(leaf, tensor)

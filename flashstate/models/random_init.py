@@ -5,7 +5,9 @@ Every tensor of the full model's state_dict is drawn in sorted-name order from o
 `seed`, in fp32, in the checkpoint's layout; then, like a checkpoint tensor at load, it is cut to this
 rank's share (tensor parallelism) and put in the layout its parameter holds (`from_checkpoint`). So a
 model's weights depend only on the config, the seed and the generator's device type: the CPU draws equal
-the preset checkpoints', and every rank of a split holds its share of the same model.
+the preset checkpoints', and every rank of a split holds its share of the same model. A block-FP8 model's
+linear weights are those draws block-quantized (`quantize_block`) one tensor at a time, so the model is
+never held in full precision.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from torch import Tensor
 from flashstate.models.base import HybridForCausalLM
 from flashstate.models.registry import build_model
 from flashstate.models.shard_plan import ShardPlan
+from flashstate.ops.fp8.block_quant import FP8_DTYPE, quantize_block
 from flashstate.spec.model_spec import ModelSpec
 from flashstate.spec.preset_configs import INIT_STD
 
@@ -102,5 +105,9 @@ def randomize_(
     for name, tensor in random_tensors(full_spec or model.spec, seed, device):
         if plan is not None:
             tensor = plan.slice(name, tensor)
+        if state[name].dtype == FP8_DTYPE:  # an FP8 linear: weight and scales as a checkpoint stores them
+            tensor, scale = quantize_block(tensor)
+            scale_name = name.removesuffix("weight") + "weight_scale_inv"
+            state[scale_name].copy_(model.from_checkpoint(scale_name, scale))
         state[name].copy_(model.from_checkpoint(name, tensor))
     return model

@@ -7,7 +7,7 @@ read, plus the ones that name the model); they are built only on the device with
 (`--model NAME --load-format dummy`), never written to disk:
 
     preset                   released model (config.json values from)        params: total / active
-    qwen3-next-80b-a3b       Qwen/Qwen3-Next-80B-A3B-Instruct                 79.67B / 3.87B
+    qwen3-next-80b-a3b       Qwen/Qwen3-Next-80B-A3B-Instruct-FP8 (FP8)       79.67B / 3.87B
     qwen3.6-35b-a3b          Qwen/Qwen3.6-35B-A3B (text model)                34.66B / 3.45B
     nemotron-3-nano-30b-a3b  nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16      31.58B / 3.58B
     kimi-linear-48b-a3b      moonshotai/Kimi-Linear-48B-A3B-Instruct          49.12B / 3.48B
@@ -278,6 +278,29 @@ def _qwen3_6_35b_a3b() -> dict:
 
 _NEMOTRON_3_NANO_PATTERN = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"
 
+
+def _qwen3_next_fp8(num_layers: int, interval: int) -> dict:
+    """The `quantization_config` of Qwen/Qwen3-Next-80B-A3B-Instruct-FP8: block-wise FP8, every linear but
+    the LM head, the routers, the shared-expert gates and in_proj_ba (its norms, convs and gates are not
+    linears; they are listed too, as there)."""
+    skip = ["lm_head"]
+    for i in range(num_layers):
+        p = f"model.layers.{i}"
+        if (i + 1) % interval:
+            mixer = [f"{p}.linear_attn.{m}" for m in ("A_log", "conv1d", "dt_bias", "in_proj_ba", "norm")]
+            skip += [f"{p}.input_layernorm", *mixer, f"{p}.mlp.gate", f"{p}.mlp.shared_expert_gate"]
+            skip += [f"{p}.post_attention_layernorm"]
+        else:
+            skip += [f"{p}.input_layernorm", f"{p}.mlp.gate", f"{p}.mlp.shared_expert_gate"]
+            skip += [f"{p}.post_attention_layernorm", f"{p}.self_attn.k_norm", f"{p}.self_attn.q_norm"]
+    mtp = ["input_layernorm", "mlp.gate", "mlp.shared_expert_gate", "post_attention_layernorm"]
+    skip += ["mtp.fc", *(f"mtp.layers.0.{m}" for m in (*mtp, "self_attn.k_norm", "self_attn.q_norm"))]
+    skip += ["mtp.norm", "mtp.pre_fc_norm_embedding", "mtp.pre_fc_norm_hidden"]
+    return {
+        "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+        "modules_to_not_convert": skip, "weight_block_size": [128, 128],
+    }  # fmt: skip
+
 # Released models' configs: built on the device only (see the module docstring).
 REAL_PRESETS: dict[str, dict] = {
     "qwen3-next-80b-a3b": {
@@ -315,6 +338,7 @@ REAL_PRESETS: dict[str, dict] = {
         "torch_dtype": "bfloat16",
         "bos_token_id": 151643,
         "eos_token_id": 151645,
+        "quantization_config": _qwen3_next_fp8(48, 4),  # the FP8 release: 80B fits one H200 only so
     },
     "qwen3.6-35b-a3b": _qwen3_6_35b_a3b(),
     "nemotron-3-nano-30b-a3b": {
