@@ -18,10 +18,10 @@ from typing import Any
 QUANTIZATION_METHODS = ("fp8",)  # vLLM's names, the ones served
 BLOCK = 128
 # Linear layers `--quantization fp8` (and a dummy FP8 model whose config lists no modules) keeps in the
-# model dtype, as the published FP8 checkpoints do: the LM head, MoE routers and the shared-expert gate.
-# A linear whose width or input is not a whole number of 128-blocks stays unquantized too (Qwen3-Next's
-# 64-row in_proj_ba).
-DEFAULT_NOT_CONVERTED_LEAVES = ("lm_head", "gate", "shared_expert_gate")
+# model dtype, as the published FP8 checkpoints do: the LM head, MoE routers and the shared-expert gate;
+# and MLA's kv_b_proj, whose weight the absorbed attention reads as a matrix. A linear whose width or input
+# is not a whole number of 128-blocks stays unquantized too (Qwen3-Next's 64-row in_proj_ba).
+DEFAULT_NOT_CONVERTED_LEAVES = ("lm_head", "gate", "shared_expert_gate", "kv_b_proj")
 
 
 class QuantizationError(ValueError):
