@@ -23,6 +23,7 @@ from flashstate.layers.stacked_experts import StackedExperts
 from flashstate.models.base import AttentionMixer, HybridForCausalLM, LinearMixer
 from flashstate.ops.attention import paged_attention, store_kv
 from flashstate.ops.moe import moe_experts
+from flashstate.ops.rotary import apply_rotary_
 from flashstate.ops.short_conv import causal_conv1d
 from flashstate.ops.ssd import chunk_ssd, fused_recurrent_ssd
 from flashstate.spec.model_spec import AttentionSpec, LinearSpec, ModelSpec, MoeSpec
@@ -135,20 +136,24 @@ class Mamba2Mixer(LinearMixer):
 
 
 class Attention(AttentionMixer):
-    """GQA without positional encoding, over the paged KV pool; scale head_dim^-0.5."""
+    """GQA over the paged KV pool, scale `AttentionSpec.softmax_scale`; without positional encoding unless the
+    caller passes rotary tables (Nemotron-H never does; Granite with position_embedding_type "rope")."""
 
     def __init__(self, hidden: int, a: AttentionSpec):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = a.num_heads, a.num_kv_heads, a.head_dim
+        self.scale = a.softmax_scale
         self.q_proj = nn.Linear(hidden, a.num_heads * a.head_dim, bias=a.bias)
         self.k_proj = nn.Linear(hidden, a.num_kv_heads * a.head_dim, bias=a.bias)
         self.v_proj = nn.Linear(hidden, a.num_kv_heads * a.head_dim, bias=a.bias)
         self.o_proj = nn.Linear(a.num_heads * a.head_dim, hidden, bias=a.bias)
 
-    def forward(self, h: Tensor, meta: ForwardMetadata) -> Tensor:
+    def forward(self, h: Tensor, meta: ForwardMetadata, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
         q = self.q_proj(h).unflatten(-1, (self.num_heads, self.head_dim))
         k = self.k_proj(h).unflatten(-1, (self.num_kv_heads, self.head_dim))
         v = self.v_proj(h).unflatten(-1, (self.num_kv_heads, self.head_dim))
+        if rope is not None:
+            q, k = apply_rotary_(q, *rope), apply_rotary_(k, *rope)
         store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         o = paged_attention(
             q,
@@ -158,7 +163,7 @@ class Attention(AttentionMixer):
             context_lens=meta.context_lens,
             block_tables=meta.block_tables,
             spans=meta.spans,
-            scale=self.head_dim**-0.5,
+            scale=self.scale,
         )
         return self.o_proj(o.flatten(1))
 

@@ -17,6 +17,7 @@ each); they are built only on the device with random weights (`--model NAME --lo
     qwen3.6-35b-a3b          Qwen3.5-MoE  40 layers, 10 attention, MoE 256 × top-8   34.66B / 3.45B
     nemotron-3-nano-30b-a3b  Nemotron-H   52 blocks: 23 Mamba2, 6 attn, 23 MoE 128×6 31.58B / 3.58B
     kimi-linear-48b-a3b      Kimi-Linear  27 layers, 7 MLA, MoE 256 × top-8          49.12B / 3.48B
+    granite-4.0-h-tiny       Granite-4.0-H 40 layers, 4 attn (NoPE), MoE 64 × top-6    6.94B / 1.47B
 
 (active: `param_count.count_active_parameters`, embeddings included: the top-k routed experts of each
 MoE layer instead of all.)

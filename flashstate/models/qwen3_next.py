@@ -37,19 +37,22 @@ def _check_act(act: str) -> None:
 
 
 class Qwen3NextRMSNorm(nn.Module):
-    """Zero-centred RMSNorm: y = x / rms(x) · (1 + w), in fp32, cast back to x's dtype."""
+    """Zero-centred RMSNorm: y = x / rms(x) · (1 + w), in fp32, cast back to x's dtype. A subclass may set
+    `offset = 0.0` for the plain x / rms(x) · w."""
+
+    offset = 1.0
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.zeros(dim))
+        self.weight = nn.Parameter(torch.full((dim,), 1.0 - self.offset))  # the identity
 
     def forward(self, x: Tensor) -> Tensor:
         if gpu_kernels(x):
             from flashstate.ops.norm.triton import rms_norm
 
-            return rms_norm(x, self.weight, self.eps, offset=1.0)
-        return naive_rms_norm(x, self.weight, self.eps, offset=1.0)
+            return rms_norm(x, self.weight, self.eps, offset=self.offset)
+        return naive_rms_norm(x, self.weight, self.eps, offset=self.offset)
 
     def add_forward(self, x: Tensor, residual: Tensor | None) -> tuple[Tensor, Tensor]:
         """s = residual + x (x alone when residual is None) → (norm(s), s); one fused kernel on CUDA."""
@@ -58,7 +61,7 @@ class Qwen3NextRMSNorm(nn.Module):
         if gpu_kernels(x):
             from flashstate.ops.norm.triton import add_rms_norm
 
-            return add_rms_norm(x, residual, self.weight, self.eps, offset=1.0)
+            return add_rms_norm(x, residual, self.weight, self.eps, offset=self.offset)
         s = residual + x
         return self(s), s
 

@@ -13,6 +13,7 @@ _CLASSES = {
     "KimiLinearForCausalLM": "flashstate.models.kimi_linear:KimiLinearForCausalLM",
     "Qwen3_5ForCausalLM": "flashstate.models.qwen3_5:Qwen3_5ForCausalLM",
     "Qwen3_5MoeForCausalLM": "flashstate.models.qwen3_5:Qwen3_5ForCausalLM",
+    "GraniteMoeHybridForCausalLM": "flashstate.models.granite_moe_hybrid:GraniteMoeHybridForCausalLM",
 }
 
 

@@ -4,7 +4,8 @@ checkpoint tensor a rank holds, and the modules whose outputs are summed across 
 Every family is split the same way (Megatron-style), on the HF parameter names of its module tree:
 
     column-parallel  (rows split)     q/k/v projections, in_proj*, gate/up projections, per-head params
-    row-parallel     (columns split)  o_proj, out_proj, down_proj: each rank emits a partial sum
+    row-parallel     (columns split)  o_proj, out_proj, down_proj (Granite: output_linear): each rank
+                                      emits a partial sum
     bias of a row-parallel layer      held by rank 0 only (zeros elsewhere), so the sum adds it once
     replicated                        embeddings, lm_head, norms over hidden, routers, low-rank "a"
                                       projections (MLA latents, KDA f_a/g_a), MoE latent projections
@@ -12,7 +13,8 @@ Every family is split the same way (Megatron-style), on the HF parameter names o
 Rank r holds heads [r·H/N, (r+1)·H/N) of every head-split layer (attention q and kv heads, Gated
 DeltaNet k and v heads, KDA heads, Mamba2 heads with their B/C groups), and the same share of every MLP's
 and expert's intermediate channels. Tensors that pack several head-split segments along one dim (the
-Gated DeltaNet conv over [q | k | v], Mamba2's in_proj [z | x | B | C | dt]) are split per segment.
+Gated DeltaNet conv over [q | k | v] and Qwen3.5's in_proj_qkv, Mamba2's in_proj [z | x | B | C | dt],
+Granite's shared MLP input_linear [gate | up]) are split per segment.
 
 A layer half (token mixer, FFN) ends in row-parallel layers only, so its output is reduced once:
 `reduce_points` names those modules.
@@ -74,6 +76,10 @@ def _qwen3_next_rules(spec: ModelSpec) -> list[tuple[str, Slicer]]:
         # in_proj_qkvz / in_proj_ba are laid out per key-head group in the checkpoint: a row split keeps
         # whole groups; each rank then re-orders its own groups into blocks (Qwen3Next from_checkpoint).
         (r"\.linear_attn\.in_proj_(qkvz|ba)\.weight$", COLUMN),
+        # Qwen3.5 / 3.6 split them by part, each already one block per part: [q | k | v] per segment, the
+        # per-value-head z, b, a per head.
+        (r"\.linear_attn\.in_proj_qkv\.weight$", _segments([key_dim, key_dim, value_dim])),
+        (r"\.linear_attn\.in_proj_[zba]\.weight$", COLUMN),
         (r"\.linear_attn\.conv1d\.(weight|bias)$", _segments([key_dim, key_dim, value_dim])),
         (r"\.linear_attn\.(dt_bias|A_log)$", COLUMN),
         (r"\.linear_attn\.out_proj\.weight$", ROW),
@@ -99,6 +105,25 @@ def _nemotron_h_rules(spec: ModelSpec) -> list[tuple[str, Slicer]]:
     ]
 
 
+def _granite_moe_hybrid_rules(spec: ModelSpec) -> list[tuple[str, Slicer]]:
+    lin = spec.linear
+    inner, bc = lin.num_heads * lin.head_v_dim, lin.n_groups * lin.d_state
+    shared = spec.moe.shared_intermediate_size if spec.moe else spec.mlp.intermediate_size
+    return [
+        (r"\.mamba\.in_proj\.(weight|bias)$", _segments([inner, inner, bc, bc, lin.num_heads])),
+        (r"\.mamba\.conv1d\.(weight|bias)$", _segments([inner, bc, bc])),
+        (r"\.mamba\.(dt_bias|A_log|D|norm\.weight)$", COLUMN),
+        (r"\.mamba\.out_proj\.weight$", ROW),
+        (r"\.self_attn\.[qkv]_proj\.(weight|bias)$", COLUMN),
+        (r"\.self_attn\.o_proj\.weight$", ROW),
+        (r"\.(mamba\.out_proj|self_attn\.o_proj)\.bias$", _rank0),
+        (r"\.shared_mlp\.input_linear\.weight$", _segments([shared, shared])),
+        (r"\.shared_mlp\.output_linear\.weight$", ROW),
+        (r"\.block_sparse_moe\.experts\.\d+\.(gate|up)_proj\.weight$", COLUMN),
+        (r"\.block_sparse_moe\.experts\.\d+\.down_proj\.weight$", ROW),
+    ]
+
+
 def _kimi_linear_rules(spec: ModelSpec) -> list[tuple[str, Slicer]]:
     moe = r"\.block_sparse_moe\.(shared_experts\.)?"
     return [
@@ -121,12 +146,19 @@ _RULES = {
     "Qwen3NextForCausalLM": _qwen3_next_rules,
     "NemotronHForCausalLM": _nemotron_h_rules,
     "KimiLinearForCausalLM": _kimi_linear_rules,
+    "Qwen3_5ForCausalLM": _qwen3_next_rules,
+    "Qwen3_5MoeForCausalLM": _qwen3_next_rules,
+    "GraniteMoeHybridForCausalLM": _granite_moe_hybrid_rules,
 }
 # The module whose output closes a layer half (token mixer or FFN), per family.
 _REDUCE_POINTS = {
     "Qwen3NextForCausalLM": r"^model\.layers\.\d+\.(self_attn|linear_attn|mlp)$",
     "NemotronHForCausalLM": r"^backbone\.layers\.\d+\.mixer$",
     "KimiLinearForCausalLM": r"^model\.layers\.\d+\.(self_attn|block_sparse_moe)$",
+    "Qwen3_5ForCausalLM": r"^model\.layers\.\d+\.(self_attn|linear_attn|mlp)$",
+    "Qwen3_5MoeForCausalLM": r"^model\.layers\.\d+\.(self_attn|linear_attn|mlp)$",
+    # Granite's FFN half is two modules (shared MLP and routed experts): each output is reduced.
+    "GraniteMoeHybridForCausalLM": r"^model\.layers\.\d+\.(mamba|self_attn|shared_mlp|block_sparse_moe)$",
 }
 
 

@@ -400,10 +400,105 @@ def _kimi_linear(cfg: dict) -> ModelSpec:
     )
 
 
+_GRANITE_TYPES = {
+    "mamba": "linear", "linear_attention": "linear", "attention": "attention", "full_attention": "attention",
+}  # fmt: skip
+
+
+def _float(value: Any) -> float:
+    """A config float, also as transformers 5 writes non-finite ones (`{"__float__": "Infinity"}`)."""
+    return float(value["__float__"]) if isinstance(value, dict) else float(value)
+
+
+def _granite_moe_hybrid(cfg: dict) -> ModelSpec:
+    """IBM Granite 4.0-H: Mamba2 and attention layers (`layer_types`, released as "mamba" / "attention"),
+    each followed by a SwiGLU shared MLP, plus softmax-routed experts when `num_local_experts` > 0; µP
+    multipliers. Absent keys take `GraniteMoeHybridConfig`'s defaults; attention has rotary only when
+    `position_embedding_type` is "rope" (HF's test: None and "nope" are both NoPE)."""
+    arch = "GraniteMoeHybridForCausalLM"
+    keys = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "mamba_n_heads")
+    _check_family(cfg, arch, ("granitemoehybrid",), (*keys, "mamba_d_state", "shared_intermediate_size"))
+    n, hidden = cfg["num_hidden_layers"], cfg["hidden_size"]
+    types = cfg.get("layer_types") or cfg.get("layers_block_type") or ["mamba"] * n
+    unknown = sorted(set(types) - set(_GRANITE_TYPES))
+    if unknown or len(types) != n:
+        raise UnsupportedModelError(f"Granite layer_types must be {n} mamba/attention entries, got {types}")
+    if (act := cfg.get("hidden_act", "silu")) != "silu":
+        raise UnsupportedModelError(f"Granite hidden_act {act!r} is not supported (only silu)")
+    position = cfg.get("position_embedding_type")
+    if position not in (None, "nope", "rope"):
+        raise UnsupportedModelError(f"Granite position_embedding_type {position!r} is not supported")
+    rope = _rope(cfg)
+    if position == "rope" and rope.get("rope_type", "default") != "default":
+        raise UnsupportedModelError(f"Granite rope_type {rope['rope_type']!r} is not supported")
+    heads, groups, d_state = cfg["mamba_n_heads"], cfg.get("mamba_n_groups", 1), cfg["mamba_d_state"]
+    inner = cfg.get("mamba_expand", 2) * hidden
+    d_head = cfg.get("mamba_d_head", "auto")
+    d_head = inner // heads if d_head == "auto" else d_head
+    if heads * d_head != inner or heads % groups:
+        raise UnsupportedModelError(
+            f"Granite mamba heads {heads} × head dim {d_head} must be mamba_expand × hidden_size ({inner}) "
+            f"and a multiple of mamba_n_groups {groups}"
+        )
+    limit = cfg.get("time_step_limit") or (0.0, float("inf"))
+    attn_heads = cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or hidden // attn_heads
+    num_experts = cfg.get("num_local_experts", 8)
+    shared = cfg["shared_intermediate_size"]
+    layers = tuple(LayerSpec(_GRANITE_TYPES[t], "moe" if num_experts > 0 else "mlp") for t in types)
+    return ModelSpec(
+        architecture=arch,
+        layers=layers,
+        attention=AttentionSpec(
+            num_heads=attn_heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or attn_heads,
+            head_dim=head_dim,
+            v_head_dim=head_dim,
+            rotary_dim=head_dim if position == "rope" else 0,
+            rope_theta=float(rope["rope_theta"]),
+            bias=bool(cfg.get("attention_bias", False)),
+            scale=float(cfg.get("attention_multiplier", 1.0)),
+        ),
+        linear=LinearSpec(
+            kind="mamba2",
+            num_heads=heads,
+            num_k_heads=heads,
+            head_k_dim=d_state,
+            head_v_dim=d_head,
+            conv_kernel=cfg.get("mamba_d_conv", 4),
+            conv_channels=inner + 2 * groups * d_state,
+            n_groups=groups,
+            d_state=d_state,
+            conv_bias=bool(cfg.get("mamba_conv_bias", True)),
+            proj_bias=bool(cfg.get("mamba_proj_bias", False)),
+            time_step_limit=(_float(limit[0]), _float(limit[1])),
+            chunk_size=cfg.get("mamba_chunk_size", 256),
+        ),
+        mlp=MlpSpec(shared, "silu"),  # the shared MLP; in a dense model (no experts) the only FFN
+        moe=MoeSpec(
+            num_experts=num_experts,
+            top_k=cfg.get("num_experts_per_tok", 2),
+            intermediate_size=cfg.get("intermediate_size", 11008),
+            shared_intermediate_size=shared,
+            num_shared_experts=1,
+            norm_topk_prob=True,  # softmax over the top k logits
+            act="silu",
+        )
+        if num_experts > 0
+        else None,
+        norm_eps=cfg.get("rms_norm_eps", 1e-6),
+        embedding_multiplier=float(cfg.get("embedding_multiplier", 1.0)),
+        residual_multiplier=float(cfg.get("residual_multiplier", 1.0)),
+        logits_scaling=float(cfg.get("logits_scaling", 1.0)),
+        **_common(cfg),
+    )
+
+
 PARSERS = {
     "Qwen3NextForCausalLM": _qwen3_next,
     "NemotronHForCausalLM": _nemotron_h,
     "KimiLinearForCausalLM": _kimi_linear,
+    "GraniteMoeHybridForCausalLM": _granite_moe_hybrid,
     **{arch: partial(_qwen3_5, architecture=arch) for arch in _QWEN3_5},
 }
 

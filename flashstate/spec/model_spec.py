@@ -26,6 +26,7 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen3_5MoeForCausalLM",
     "Qwen3_5ForConditionalGeneration",
     "Qwen3_5MoeForConditionalGeneration",
+    "GraniteMoeHybridForCausalLM",
 )
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -53,6 +54,7 @@ class AttentionSpec:
     rope_theta: float
     bias: bool = False
     output_gate: bool = False  # Qwen3-Next: q_proj also emits a sigmoid gate on the output
+    scale: float | None = None  # softmax scale; None: head_dim^-0.5 (Granite's attention_multiplier)
     qk_norm: bool = False
     # Multi-head latent attention (Kimi-Linear); None for plain GQA.
     kv_lora_rank: int | None = None
@@ -65,6 +67,10 @@ class AttentionSpec:
     @property
     def latent_cache(self) -> bool:
         return self.kv_lora_rank is not None
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.head_dim**-0.5 if self.scale is None else self.scale
 
     @property
     def cache_kv_heads(self) -> int:
@@ -160,6 +166,11 @@ class ModelSpec:
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
     pad_token_id: int | None = None
+    # µP multipliers (Granite): embeddings × embedding_multiplier; every residual branch × residual_multiplier
+    # before its add; logits ÷ logits_scaling.
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    logits_scaling: float = 1.0
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property

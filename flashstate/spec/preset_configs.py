@@ -11,6 +11,7 @@ read, plus the ones that name the model); they are built only on the device with
     qwen3.6-35b-a3b          Qwen/Qwen3.6-35B-A3B (text model)                34.66B / 3.45B
     nemotron-3-nano-30b-a3b  nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16      31.58B / 3.58B
     kimi-linear-48b-a3b      moonshotai/Kimi-Linear-48B-A3B-Instruct          49.12B / 3.48B
+    granite-4.0-h-tiny       ibm-granite/granite-4.0-h-tiny                   6.94B / 1.47B
 
 Counts are `param_count.count_parameters` / `count_active_parameters` (embeddings and LM head included;
 active: the top-k routed experts of each MoE layer, not all of them)."""
@@ -433,6 +434,46 @@ REAL_PRESETS: dict[str, dict] = {
         "bos_token_id": 163584,
         "eos_token_id": 163586,
     },
+}
+REAL_PRESETS["granite-4.0-h-tiny"] = {
+    "architectures": ["GraniteMoeHybridForCausalLM"],
+    "model_type": "granitemoehybrid",
+    "vocab_size": 100352,
+    "hidden_size": 1536,
+    "num_hidden_layers": 40,
+    "layer_types": (["mamba"] * 5 + ["attention"] + ["mamba"] * 4) * 4,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 4,
+    "attention_bias": False,
+    "attention_multiplier": 0.0078125,
+    "position_embedding_type": "nope",
+    "rope_theta": 10000,
+    "rope_scaling": None,
+    "hidden_act": "silu",
+    "num_local_experts": 64,
+    "num_experts_per_tok": 6,
+    "intermediate_size": 512,
+    "shared_intermediate_size": 1024,
+    "mamba_n_heads": 48,
+    "mamba_d_head": 64,
+    "mamba_d_state": 128,
+    "mamba_n_groups": 1,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "mamba_chunk_size": 256,
+    "mamba_conv_bias": True,
+    "mamba_proj_bias": False,
+    "embedding_multiplier": 12,
+    "residual_multiplier": 0.22,
+    "logits_scaling": 6,
+    "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 131072,
+    "tie_word_embeddings": True,
+    "initializer_range": 0.1,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 100257,
+    "eos_token_id": 100257,
+    "pad_token_id": 100256,
 }
 PRESETS.update(REAL_PRESETS)
 DUMMY_ONLY = frozenset(REAL_PRESETS)

@@ -1,6 +1,7 @@
 """The split itself, without processes: N rank models (threads summing through a barrier in place of the
 all-reduce) give the full model's logits, through prefill, exports and decode, for every family and the
-layer kinds the tiny presets lack (Qwen3-Next MoE with attention bias, Nemotron-H latent MoE with biases)."""
+layer kinds the tiny presets lack (Qwen3-Next MoE with attention bias, Nemotron-H latent MoE with biases,
+Qwen3.5 / 3.6 dense and MoE, also from a released-layout checkpoint, Granite 4.0-H dense and MoE)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from flashstate.models.presets import materialize_config
 from flashstate.models.shard_plan import Shard, TensorParallelError, shard_spec
 from flashstate.spec.hf_config import spec_from_hf
 from flashstate.spec.preset_configs import preset_config
+from tests.models import test_granite_moe_hybrid as granite
+from tests.models import test_qwen3_5 as qwen3_5
 
 BLOCK = 4
 
@@ -41,6 +44,21 @@ def _config(name: str) -> dict:
             n_routed_experts=8, n_group=2, topk_group=1, num_experts_per_tok=2, moe_intermediate_size=48,
             moe_shared_expert_intermediate_size=64, moe_latent_size=96, mlp_bias=True, use_bias=True,
         )  # fmt: skip
+    if name in ("qwen3.5-dense", "qwen3.6-moe"):  # two key heads (four value heads) per rank
+        dense = name == "qwen3.5-dense"
+        text = qwen3_5.TEXT | dict(linear_num_key_heads=4, linear_num_value_heads=8)
+        return (
+            text
+            | (dict(intermediate_size=40) if dense else qwen3_5.MOE)
+            | {
+                "architectures": ["Qwen3_5ForCausalLM" if dense else "Qwen3_5MoeForCausalLM"],
+                "model_type": "qwen3_5_text" if dense else "qwen3_5_moe_text",
+            }
+        )
+    if name == "granite-h-micro":  # two Mamba2 groups (the released models' one cannot be split)
+        return granite.CONFIGS["h-micro"]
+    if name == "granite-moe-rope":
+        return granite.CONFIGS["rope-untied"] | dict(mamba_n_groups=2)
     return preset_config(name)
 
 
@@ -119,11 +137,26 @@ def _logits(model, steps):
     "name",
     [
         "tiny", "tiny-nemotron-h", "tiny-kimi-linear", "qwen3-next-moe", "qwen3-next-4-key-heads",
-        "nemotron-h-latent-moe",
+        "nemotron-h-latent-moe", "qwen3.5-dense", "qwen3.6-moe", "granite-h-micro", "granite-moe-rope",
     ],
 )  # fmt: skip
 def test_two_ranks_sum_to_the_full_model(tmp_path, name):
-    path = _with_biases(materialize_config(_config(name), tmp_path / name, seed=1))
+    _assert_two_ranks_sum_to_the_full_model(
+        _with_biases(materialize_config(_config(name), tmp_path / name, seed=1))
+    )
+
+
+def test_a_released_qwen3_6_checkpoint_splits(tmp_path):
+    """The multimodal MoE checkpoint as released (`model.language_model.*`, fused experts, an MTP head):
+    each rank slices the experts the loader unfuses."""
+    hf = qwen3_5._hf_model("moe-multimodal").eval()
+    qwen3_5._perturb(hf, seed=1)
+    hf.save_pretrained(tmp_path)
+    qwen3_5._as_released(tmp_path)
+    _assert_two_ranks_sum_to_the_full_model(tmp_path)
+
+
+def _assert_two_ranks_sum_to_the_full_model(path: Path) -> None:
     full = load_model(path)
     steps = list(_steps(full.spec.vocab_size))
     want = _logits(full, steps)
