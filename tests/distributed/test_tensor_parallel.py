@@ -16,8 +16,10 @@ import torch
 
 from flashstate import LLM, SamplingParams
 from flashstate.engine.llm_engine import MAX_FAILED_STEPS_IN_A_ROW
-from flashstate.models.presets import preset_dir
+from flashstate.models.presets import materialize_config, preset_dir
 from flashstate.models.shard_plan import TensorParallelError
+from flashstate.spec.preset_configs import PRESETS
+from tests.models.test_shard_plan import _config
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 ENGINE = dict(block_size=4, max_num_batched_tokens=16, prefill_cost_coefficients=(1e-5, 1e-8), max_num_seqs=8)
@@ -62,9 +64,13 @@ def _turns(rng: random.Random, vocab: int, outputs_of):
         ]
 
 
-@pytest.mark.parametrize("preset", ["tiny", "tiny-nemotron-h", "tiny-kimi-linear"])
-def test_two_ranks_give_the_tokens_of_one(preset):
-    model = str(preset_dir(preset))
+FAMILIES = ["tiny", "tiny-nemotron-h", "tiny-kimi-linear", "qwen3.5-dense", "qwen3.6-moe", "granite-h-micro"]
+
+
+@pytest.mark.parametrize("preset", FAMILIES)
+def test_two_ranks_give_the_tokens_of_one(preset, tmp_path):
+    """Presets, and the shrunk configs of test_shard_plan (random weights) for the families without one."""
+    model = str(preset_dir(preset) if preset in PRESETS else materialize_config(_config(preset), tmp_path))
     one = LLM(model, **ENGINE)
     two = LLM(model, tensor_parallel_size=2, **ENGINE)
     pids = two.engine.tp.pids
