@@ -21,7 +21,7 @@ none, the answer is shaped as the trace says:
 
 - `thinking` in `output_types`: the first `thinking_share` of the generated text (cut at a space) stands
   for the reasoning and is not re-sent;
-- `tool_use` in `output_types` (or `stop: tool_use`): one tool call is attached, `{"input": <8 words>}`
+- `tool_use` in `output_types` (or `stop: tool_use`): one tool call is attached, `{"input": <3 words>}`
   to a function picked by the turn's hash, deterministic per (scope, turn) so every policy sees the same
   call. Its tokens were not generated: they are new tokens of the next prompt, like the tool result.
 
@@ -40,7 +40,8 @@ from flashstate.bench.prompts import BlockTokens, Segment, scaled, word
 from flashstate.bench.workloads import Request, Session
 
 TOOL_NAMES = ("Bash", "Read", "Edit", "Grep")
-CALL_WORDS = 8  # words in a synthesised call's argument
+CALL_WORDS = 3  # words in a synthesised call's argument
+CALL_OVERHEAD = 25  # tokens of a rendered call besides its words (tags, JSON, the function's name)
 
 
 def words(ids: list[int], per_word: float = 1.0) -> str:
@@ -189,9 +190,11 @@ def assistant_turn(
     turn: int,
     thinking_share: float,
     tools: bool,
+    per_word: float = 1.0,
 ) -> Segment:
     """The assistant message the agent re-sends (module docstring), with an estimate of its length in
-    tokens: the generated count times the share of the text kept, plus a call's words."""
+    tokens: the generated count times the share of the text kept, plus the calls' (so the next turn's new
+    input is that much shorter and the prompt keeps the trace's length)."""
     content = c.text
     if not c.reasoning and "thinking" in req.output_types:
         content = _cut_thinking(content, thinking_share)
@@ -199,5 +202,6 @@ def assistant_turn(
     if tools and calls is None and ("tool_use" in req.output_types or req.stop == "tool_use"):
         calls = [synthetic_call(blocks, scope, req, turn)]
     kept = len(content) / len(c.text) if c.text else 0.0
-    n = round(c.completion_tokens * kept) + (2 * CALL_WORDS * len(calls) if calls else 0)
+    per_call = round(CALL_WORDS * max(1.0, per_word)) + CALL_OVERHEAD
+    n = round(c.completion_tokens * kept) + per_call * len(calls or ())
     return Segment("assistant", [0] * max(1, n), content, calls)  # 0 ids would be cut as past the end

@@ -10,7 +10,7 @@
     completed agents   top-level sessions whose every turn (and sub-agent) ran inside the window
     prefill / decode   uncached tokens / output tokens per minute per GPU
     short of frontier  a turn that re-sent its whole context (a continuation) and got fewer cached tokens
-                       than the previous turn's prompt + output: its prompt left the cached path earlier
+                       than the previous turn's prompt + output − 1: its prompt left the cached path earlier
                        (chat mode: the template re-rendered the history differently) or was evicted
 
 The measured window is [start, end) in seconds since the run began; a request belongs to it by its send
@@ -46,8 +46,9 @@ class RequestRecord:
     echoed: bool  # the output's token ids came back and stay in the agent's context
     error: str | None = None
     too_long: bool = False  # refused as longer than the server's context: ends its session (truncated)
-    # the previous turn's prompt + output when this turn re-sent its whole context (else None): cached
-    # tokens short of it mean the prompt left the cached path before the frontier (or it was evicted)
+    # the previous turn's prompt + output − 1 (its last token has no state) when this turn re-sent its
+    # whole context (else None): cached tokens short of it mean the prompt left the cached path before
+    # the frontier (or it was evicted)
     frontier: int | None = None
     tool_calls: int = 0  # chat: assistant tool calls in the messages sent
     tool_results: int = 0  # chat: tool messages sent

@@ -10,8 +10,8 @@ its sub-agents joined; `max_tokens` is the recorded `out` (scaled) with `ignore_
 grows as `prompts.PromptBuilder` says; the output stays in it when the server echoes its token ids (chat
 mode: always, as the assistant message chat.py makes of the reply). A prompt that would not fit
 `max_context` ends its session (`truncated`). A turn that re-sends its whole previous context records
-that turn's prompt + output as its `frontier`: the most a cache could serve if the server saw the same
-tokens again (chat mode: the re-rendered history may leave them earlier).
+that turn's prompt + output − 1 as its `frontier`: the most a cache could serve if the server saw the
+same tokens again (chat mode: the re-rendered history may leave them earlier).
 
 The run: lanes start staggered over `ramp_s`, warm up for `warmup_s`, then `duration_s` are measured. It
 stops sending at the window's end, after `max_requests` sends, or when `max_sessions` sessions have
@@ -258,7 +258,8 @@ class Replay:
                 context, plan = builder.next_context(context, scope, prev, req)
                 frontier = None
                 if last is not None and plan.kept == before and last.prompt_tokens is not None:
-                    frontier = last.prompt_tokens + last.completion_tokens
+                    # the last generated token was sampled, never run through the model: no state holds it
+                    frontier = last.prompt_tokens + max(0, last.completion_tokens - 1)
                 if cfg.mode == "chat":
                     new, head = context[-1], context[:-1]
                     if plan.kept == 0:
@@ -291,7 +292,14 @@ class Replay:
                         )
                     context.append(
                         chat.assistant_turn(
-                            c, req, builder.blocks, scope, k, cfg.chat_thinking_share, cfg.chat_tools
+                            c,
+                            req,
+                            builder.blocks,
+                            scope,
+                            k,
+                            cfg.chat_thinking_share,
+                            cfg.chat_tools,
+                            self._per_word,
                         )
                     )
                 elif c.token_ids is not None:
