@@ -74,7 +74,7 @@ def test_fp8_prefix_hits_equal_the_same_prompts_without_hits(preset, policy):
         cached.engine.check_integrity()
         agents = [
             p + o.token_ids + _tokens(rng, rng.randint(1, 20), vocab)
-            for p, o in zip(agents, outs, strict=True)
+            for p, o in zip(agents, outs[:3], strict=True)
         ]
     assert sum(h > 0 for h in hits) >= 6, hits
     cached.engine.close()
