@@ -31,6 +31,7 @@ from flashstate.layers.router import GroupedTopkRouter
 from flashstate.layers.stacked_experts import StackedExperts
 from flashstate.models.base import AttentionMixer, HybridForCausalLM, LinearMixer
 from flashstate.ops.attention import long_spans, paged_attention, span_attention, store_kv
+from flashstate.ops.attention.kv_cast import gather_blocks
 from flashstate.ops.kda import chunk_kda, fused_recurrent_kda
 from flashstate.ops.moe import moe_experts
 from flashstate.ops.short_conv import causal_conv1d
@@ -239,7 +240,7 @@ class MultiLatentAttention(AttentionMixer):
         outs = []
         for i, ctx in enumerate(meta.context_lens.tolist()):
             table = meta.block_tables[i, : -(-ctx // block_size)]
-            latents = self.k_cache[table].flatten(0, 2)[:ctx].to(q.dtype)  # [ctx, rank + rope]: one head
+            latents = gather_blocks(self.k_cache, table).flatten(0, 2)[:ctx].to(q.dtype)  # [ctx, rank + rope]
             c, k_rope = latents.split([a.kv_lora_rank, a.qk_rope_head_dim], -1)
             k_nope, v = self.kv_b_proj(c).view(ctx, h, -1).split([a.qk_nope_head_dim, a.v_head_dim], dim=-1)
             k = torch.cat([k_nope, k_rope[:, None, :].expand(ctx, h, a.qk_rope_head_dim)], dim=-1)

@@ -33,3 +33,11 @@ def as_bytes(t: Tensor) -> Tensor:
     """An fp8 tensor as its uint8 bytes (same shape, a view), for copies torch has no float8 kernel for
     (index_copy_); any other tensor as it is."""
     return t.view(torch.uint8) if is_fp8(t.dtype) else t
+
+
+def gather_blocks(cache: Tensor, table: Tensor) -> Tensor:
+    """`cache[table]` (the blocks of one block table), fp8 ones gathered as their bytes: the gather then
+    needs no float8 kernel on any device."""
+    if is_fp8(cache.dtype):
+        return cache.view(torch.uint8)[table].view(cache.dtype)
+    return cache[table]

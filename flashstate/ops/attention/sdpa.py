@@ -18,6 +18,7 @@ from torch import Tensor
 from torch.nn.attention.bias import causal_lower_right
 
 from flashstate import envs
+from flashstate.ops.attention.kv_cast import gather_blocks
 
 _GQA_CHOICE: dict[tuple, bool] = {}
 
@@ -61,8 +62,8 @@ def paged_attention(
     for i, ctx in enumerate(context_lens.tolist()):
         start, end = bounds[i], bounds[i + 1]
         table = block_tables[i, : -(-ctx // block_size)]
-        k = k_cache[table].flatten(0, 1)[:ctx].to(q.dtype)  # [ctx, Hkv, D]
-        v = v_cache[table].flatten(0, 1)[:ctx].to(q.dtype)
+        k = gather_blocks(k_cache, table).flatten(0, 1)[:ctx].to(q.dtype)  # [ctx, Hkv, D]
+        v = gather_blocks(v_cache, table).flatten(0, 1)[:ctx].to(q.dtype)
         qi = q[start:end]
         heads = tuple(x.transpose(0, 1)[None] for x in (qi, k, v))  # [1, H, L / ctx, D]
         if end - start == ctx and hkv != hq and gqa_in_kernel(*heads, scale):

@@ -165,3 +165,16 @@ def test_real_shapes_over_an_fp8_cache_on_cuda(q_lens, ctx, fp8):
     got = _attend(q, kc, vc, cu, cl, bt, 256**-0.5)
     want = _attend(q, kc.to(torch.bfloat16), vc.to(torch.bfloat16), cu, cl, bt, 256**-0.5)
     assert rel(got, want) < 1e-3  # the same values after the upcast
+
+
+@pytest.mark.skipif(not CUDA, reason="torch's fused SDPA path is taken on CUDA only")
+def test_fused_sdpa_prefill_over_an_fp8_cache_on_cuda():
+    """Fresh prompts of ≥ 256 tokens take torch's SDPA, which gathers the fp8 blocks and upcasts them."""
+    from flashstate.ops.attention import paged_attention as routed
+    from flashstate.ops.attention import sdpa
+
+    q, kc, vc, cu, cl, bt = _paged([300, 1000], [300, 1000], 16, 2, 256, 256, 16, torch.float8_e4m3fn, HALF)
+    kw = dict(cu_seqlens=cu.to(DEV), context_lens=cl.to(DEV), block_tables=bt.to(DEV), scale=256**-0.5)
+    got = routed(q.to(DEV), kc.to(DEV), vc.to(DEV), **kw)
+    want = sdpa.paged_attention(q.to(DEV), kc.to(DEV).to(HALF), vc.to(DEV).to(HALF), **kw)
+    assert rel(got, want) < 1e-3  # the same values after the upcast
