@@ -160,28 +160,45 @@ class Tokenizer:
         always the full prompt length (`len(encode(apply_chat_template(...), add_special_tokens=False))`).
 
         The end of message k is where the render of `messages[:k + 1]` (without a generation prompt) stops
-        inside the full render, rounded down to a token boundary of the full prompt's tokenization, so
-        every position is a prefix of the prompt's tokens. Fallback: when that render is not a prefix of the
-        full render (templates that rewrite earlier turns, e.g. drop reasoning from all but the last
-        assistant message) or the template refuses the shorter list, message k gets no position.
+        inside the full render (`chat_message_ends`), rounded down to a token boundary of the full prompt's
+        tokenization, so every position is a prefix of the prompt's tokens."""
+        full, ends = self.chat_message_ends(messages, tools, add_generation_prompt, **kwargs)
+        _, token_ends = self.encode_with_ends(full)
+        return message_positions(token_ends, ends)
 
-        Only the last BOUNDARY_MESSAGES messages get positions: each takes a render of the conversation up
+    def chat_message_ends(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        **kwargs: Any,
+    ) -> tuple[str, list[int]]:
+        """The full render, and the character offsets in it where messages end: the end of message k is
+        the length of the render of `messages[:k + 1]` (without a generation prompt). Fallback: when that
+        render is not a prefix of the full render (templates that rewrite earlier turns, e.g. drop
+        reasoning from all but the last assistant message) or the template refuses the shorter list,
+        message k gets no offset.
+
+        Only the last BOUNDARY_MESSAGES messages get offsets: each takes a render of the conversation up
         to it, so the work stays linear in its length however many messages an agent sends; a turn's new
         messages (what the cache lacks) are at its end, and earlier ends were positions of earlier turns.
         """
         full = self.apply_chat_template(messages, tools, add_generation_prompt, **kwargs)
-        encoding = _encode(self._untrimmed, full, add_special_tokens=False)
-        ends = [end for _, end in encoding.offsets]  # character offsets, non-decreasing
-        positions: list[int] = []
+        ends: list[int] = []
         for k in range(max(len(messages) - BOUNDARY_MESSAGES, 0) + 1, len(messages) + 1):
             try:
                 prefix = self.apply_chat_template(messages[:k], tools, False, **kwargs)
             except ChatTemplateError:
                 continue
             if full.startswith(prefix):
-                positions.append(bisect_right(ends, len(prefix)))
-        positions.append(len(encoding.ids))
-        return sorted({p for p in positions if p > 0})
+                ends.append(len(prefix))
+        return full, ends
+
+    def encode_with_ends(self, text: str) -> tuple[list[int], list[int]]:
+        """`encode(text, add_special_tokens=False)` and each token's end as a character offset in `text`
+        (non-decreasing)."""
+        encoding = _encode(self._untrimmed, text, add_special_tokens=False)
+        return encoding.ids, [end for _, end in encoding.offsets]
 
     @cached_property
     def _untrimmed(self) -> tokenizers.Tokenizer:
@@ -205,6 +222,14 @@ def load_chat_template(value: str) -> str:
         raise ValueError(f"chat template {value!r} is neither a file nor a template")
     _compile(template)
     return template
+
+
+def message_positions(token_ends: Sequence[int], char_ends: Sequence[int]) -> list[int]:
+    """Token positions of messages ending at `char_ends`: each rounded down to a token boundary (the
+    tokens whose end is at or before it), and the prompt's length; positive, strictly increasing."""
+    positions = [bisect_right(token_ends, end) for end in char_ends]
+    positions.append(len(token_ends))
+    return sorted({p for p in positions if p > 0})
 
 
 class JsonObject(dict):

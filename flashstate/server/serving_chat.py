@@ -22,6 +22,7 @@ from flashstate.engine.output.request_output import RequestOutput
 from flashstate.server.chat_tools import ChatParsing, OutputPlan
 from flashstate.server.errors import bad_request
 from flashstate.server.metrics import ServerMetrics
+from flashstate.server.prompt_splice import GeneratedIds, splice_prompt
 from flashstate.server.protocol import ChatCompletionRequest, now, usage
 from flashstate.server.serving_engine import (
     OpenAIServing,
@@ -32,7 +33,7 @@ from flashstate.server.serving_engine import (
     new_id,
     sse,
 )
-from flashstate.tokenizer import ChatTemplateError, Tokenizer, load_chat_template
+from flashstate.tokenizer import ChatTemplateError, Tokenizer, load_chat_template, message_positions
 
 _RESERVED_KWARGS = {"messages", "tools", "add_generation_prompt"}
 
@@ -47,6 +48,7 @@ class OpenAIServingChat(OpenAIServing):
         if config.chat_template is not None:
             self.tokenizer = self.tokenizer.with_chat_template(load_chat_template(config.chat_template))
         self.parsing = ChatParsing(config, self.tokenizer)
+        self.generated = GeneratedIds(config.chat_splice_bytes)  # prompt_splice.py; capacity 0: off
 
     async def create(self, req: ChatCompletionRequest, raw: Request) -> Response:
         if req.stream:
@@ -64,17 +66,31 @@ class OpenAIServingChat(OpenAIServing):
         plan = self.parsing.plan(req)
         defaults = self.engine.engine.generation_defaults
         params = plan.sampling_params(req.to_sampling_params(defaults, self.config.max_logprobs))
-        text, prompt, positions = await asyncio.to_thread(_render, self.tokenizer, req)
+        scope = self.tenant_salt(raw, req.cache_salt)
+        text, prompt, positions = await asyncio.to_thread(_render, self.tokenizer, req, self.generated, scope)
         request_id, created = new_id("chatcmpl"), now()
         firsts, streams = await self.generate(
             raw, [prompt], params, request_id, positions, req.cache_salt, req.priority
         )
         head = {"id": request_id, "created": created, "model": self.model_name}
-        return head, firsts, streams, plan, text
+        return head, firsts, streams, plan, text, scope
+
+    def unsalted_generated(self) -> GeneratedIds | None:
+        """The remembered outputs a request without a cache salt or tenant splices from (/tokenize,
+        count_tokens: they carry neither), or None where every request has a tenant."""
+        return None if self.config.api_key_cache_isolation else self.generated
+
+    def _remember(self, scope: str | None, out: RequestOutput, message: dict[str, Any]) -> None:
+        """A finished choice's texts an agent re-sends (its text, content, call arguments) → its ids."""
+        if self.generated.capacity <= 0 or not out.finished:
+            return
+        texts = [out.text, message.get("content") or ""]
+        texts += [c["function"]["arguments"] for c in message.get("tool_calls") or ()]
+        self.generated.remember_output(self.tokenizer, scope, out.token_ids, texts)
 
     async def completion(self, req: ChatCompletionRequest, raw: Request) -> dict[str, Any]:
         """The chat.completion body; raises APIError (4xx/5xx) on a bad request or a failed engine."""
-        head, firsts, streams, plan, prompt = await self._start(req, raw)
+        head, firsts, streams, plan, prompt, scope = await self._start(req, raw)
         finals = await self.collect(
             raw, asyncio.gather(*(last_output(f, s) for f, s in zip(firsts, streams, strict=True)))
         )
@@ -86,6 +102,7 @@ class OpenAIServingChat(OpenAIServing):
             else:
                 message = parser.message(out.text)
                 finish_reason = plan.finish_reason(out.finish_reason, parser.called)
+            self._remember(scope, out, message)
             logprobs = None
             if req.logprobs:
                 logprobs = self._logprobs(out.token_ids, out.logprobs, out.top_logprobs)
@@ -112,7 +129,7 @@ class OpenAIServingChat(OpenAIServing):
         """The chat.completion.chunk dicts of a streamed reply. The first item is None, yielded once the
         request is accepted (errors before it raise APIError); an engine failure mid-stream raises
         EngineError after the chunks so far."""
-        head, firsts, streams, plan, prompt = await self._start(req, raw)
+        head, firsts, streams, plan, prompt, scope = await self._start(req, raw)
         head = {**head, "object": "chat.completion.chunk"}
         parsers = [plan.parser(prompt, streamed=True) for _ in firsts]
         yield None
@@ -156,6 +173,10 @@ class OpenAIServingChat(OpenAIServing):
                     latest[i] = out
                     if (c := delta(i, out)) is not None:
                         yield c
+                    if out.finished:  # the whole reply as a non-streamed one reads it
+                        whole = plan.parser(prompt, streamed=False)
+                        message = {"content": out.text} if whole is None else whole.message(out.text)
+                        self._remember(scope, out, message)
             if req.include_usage:
                 yield {**head, "choices": [], "usage": _usage(latest)}
         finally:
@@ -195,14 +216,26 @@ class OpenAIServingChat(OpenAIServing):
         return {"content": content}
 
 
-def render_chat(tokenizer: Tokenizer, req: ChatCompletionRequest) -> tuple[list[int], list[int]]:
+def render_chat(
+    tokenizer: Tokenizer,
+    req: ChatCompletionRequest,
+    generated: GeneratedIds | None = None,
+    scope: str | None = None,
+) -> tuple[list[int], list[int]]:
     """Prompt token ids, and the positions where messages end (Tokenizer.chat_message_boundaries)."""
-    _, ids, positions = _render(tokenizer, req)
+    _, ids, positions = _render(tokenizer, req, generated, scope)
     return ids, positions
 
 
-def _render(tokenizer: Tokenizer, req: ChatCompletionRequest) -> tuple[str, list[int], list[int]]:
-    """The prompt's text, its token ids, and the positions where messages end."""
+def _render(
+    tokenizer: Tokenizer,
+    req: ChatCompletionRequest,
+    generated: GeneratedIds | None = None,
+    scope: str | None = None,
+) -> tuple[str, list[int], list[int]]:
+    """The prompt's text, its token ids, and the positions where messages end. With `generated` (the
+    server's remembered outputs, prompt_splice.py), assistant spans this server generated in `scope` are
+    their generated ids; the text is the same either way."""
     messages = [m.to_template() for m in req.messages]
     tools = req.template_tools()
     kwargs = req.template_kwargs()
@@ -211,11 +244,17 @@ def _render(tokenizer: Tokenizer, req: ChatCompletionRequest) -> tuple[str, list
             f"chat_template_kwargs may not set {sorted(reserved)}", param="chat_template_kwargs"
         )
     try:
-        text = tokenizer.apply_chat_template(messages, tools, req.add_generation_prompt, **kwargs)
-        positions = tokenizer.chat_message_boundaries(messages, tools, req.add_generation_prompt, **kwargs)
+        text, char_ends = tokenizer.chat_message_ends(messages, tools, req.add_generation_prompt, **kwargs)
     except ChatTemplateError as e:
         raise bad_request(str(e), param="messages") from e
-    return text, tokenizer.encode(text, add_special_tokens=False), positions
+    if generated is not None and generated.capacity > 0 and len(generated):
+        spliced = splice_prompt(
+            tokenizer, generated, scope, messages, tools, req.add_generation_prompt, kwargs, text, char_ends
+        )
+        if spliced is not None:
+            return text, *spliced
+    ids, token_ends = tokenizer.encode_with_ends(text)
+    return text, ids, message_positions(token_ends, char_ends)
 
 
 def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:

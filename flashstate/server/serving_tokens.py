@@ -5,7 +5,9 @@
     POST /detokenize   {tokens}  ->  {prompt}
 
 A chat body is rendered exactly as /v1/chat/completions renders it, so `count` is the prompt the model
-would see. `token_strs` is each token's text with `return_token_strs`, else null (as vLLM).
+would see (assistant messages this server generated are their generated ids, prompt_splice.py, as for
+a chat request without `cache_salt`; none are under --api-key-cache-isolation).
+`token_strs` is each token's text with `return_token_strs`, else null (as vLLM).
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ class TokenServing:
                 add_generation_prompt=req.add_generation_prompt,
                 reasoning_effort=None,
             )
-            ids, _ = await asyncio.to_thread(render_chat, tokenizer, chat)
+            ids, _ = await asyncio.to_thread(render_chat, tokenizer, chat, self.chat.unsalted_generated())
         strs = self.chat.token_texts(ids) if req.return_token_strs else None
         return {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids, "token_strs": strs}
 

@@ -40,7 +40,9 @@ class AnthropicServingMessages:
         """The prompt's token count as the chat template renders it (tools and system included)."""
         chat_req = req.to_chat_request()
         self.chat.check_model(chat_req.model)
-        prompt, _ = await asyncio.to_thread(render_chat, self.chat.tokenizer, chat_req)
+        prompt, _ = await asyncio.to_thread(
+            render_chat, self.chat.tokenizer, chat_req, self.chat.unsalted_generated()
+        )
         return {"input_tokens": len(prompt)}
 
     async def _events(
