@@ -148,18 +148,30 @@ def compare_args(cmp: argparse.ArgumentParser) -> None:
 # The README's main command: a short CPU compare on the embedded model and the synthetic workload, with
 # a KV + state budget below the agents' working set (tiny model: 512 B of KV per token, 57 KiB per
 # state; 8M leaves ~10k tokens of KV beside 16 working states, while 4 agents at length scale 0.02
-# hold ~3k-token contexts each plus their sub-agents').
+# hold ~3k-token contexts each plus their sub-agents'). Three rounds of 20 s, the order reversed each
+# round: on a busy laptop the load falls on both servers alike, and the spread says what is noise.
 DEMO_DEFAULTS = {
     "bench_command": "compare",
     "policies": "flashstate,vllm",
     "agents": 4,
     "warmup": 10.0,
-    "duration": 60.0,
+    "duration": 20.0,
+    "rounds": 3,
     "length_scale": "0.02",
     "time_scale": 0.02,
     "max_think_time": 5.0,
     "serve_args": "--device cpu --max-num-seqs 16 --kv-cache-memory-bytes 8M",
 }
+
+
+def rounds_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every server this many times, the order reversed each round (A B, B A, ...), so machine "
+        "load falls on all alike; the report gives each metric's median and its spread over the rounds",
+    )
 
 
 def add_demo_parser(sub: argparse._SubParsersAction) -> None:
@@ -170,6 +182,7 @@ def add_demo_parser(sub: argparse._SubParsersAction) -> None:
         + ", ".join(f"{k.replace('_', '-')}={v}" for k, v in DEMO_DEFAULTS.items() if k != "bench_command"),
     )
     compare_args(demo)
+    rounds_arg(demo)
     workload_args(demo)
     replay_args(demo)
     cost_args(demo)
@@ -185,6 +198,7 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--label", default="run", help="name of this run in the report")
     cmp = bsub.add_parser("compare", help="one fresh server per cache policy, same workload, one report")
     compare_args(cmp)
+    rounds_arg(cmp)
     for p in (run, cmp):
         workload_args(p)
         replay_args(p)

@@ -184,6 +184,7 @@ def _run(args: argparse.Namespace) -> int:
             spec,
             out,
             log=lambda m: print(m, file=sys.stderr),
+            rounds=args.rounds,
         )
     except ServerError as e:
         print(f"flashstate bench: {e}", file=sys.stderr)

@@ -1,5 +1,6 @@
 """`flashstate bench compare`: the same workload against one fresh server per cache policy, one after
-another (same model, budget and seed), then one side-by-side report.
+another (same model, budget and seed; `--rounds` repeats them in alternating order), then one side-by-side
+report.
 
 Each server is `python -m flashstate.cli serve --host 127.0.0.1 --port <free> --cache-policy P <serve
 args>`, its log in `<out>/server-<P>.log`; it is stopped (SIGTERM, then SIGKILL) before the next starts.
@@ -152,23 +153,37 @@ def run_compare(
     spec: ServerSpec,
     out_dir: Path,
     log: Callable[[str], None] = print,
+    rounds: int = 1,
 ) -> dict[str, dict[str, Any]]:
-    """One result per variant, in order; `workload()` must give the same sessions on every call."""
+    """One result per variant, in order; `workload()` must give the same sessions on every call.
+
+    With `rounds` > 1 every variant runs once per round, the order reversed each round (A B, B A, A B, ...)
+    so that load from outside falls on all of them alike; a variant's result is its first round's, with
+    `rounds` listing every round's summary and cost (report.py takes medians and spreads over them)."""
+    if rounds < 1:
+        raise ValueError(f"--rounds must be at least 1, got {rounds}")
+    runs: dict[str, list[dict[str, Any]]] = {v.name: [] for v in variants}
+    for r in range(rounds):
+        for v in variants if r % 2 == 0 else variants[::-1]:
+            tag = v.name if rounds == 1 else f"{v.name}-round{r + 1}"
+            log(f"== {tag}: starting the server")
+            steps = out_dir / f"steps-{tag}.jsonl"
+            steps.unlink(missing_ok=True)
+            extra = (*v.serve_args, "--step-trace", str(steps))
+            with server_process(spec, v.policy, out_dir / f"server-{tag}.log", extra) as (base_url, cmd):
+                log(f"== {tag}: replaying on {base_url}")
+                run = replay(replace(config, base_url=base_url), workload())
+            server = {
+                "command": cmd,
+                "cache_policy": v.policy,
+                "variant_args": list(v.serve_args),
+                "steps": summarize_steps(steps),  # the whole server run, warm-up and drain included
+            }
+            runs[v.name].append(build_result(run, v.name, workload_info, scale, prices, server))
     results = {}
     for v in variants:
-        log(f"== {v.name}: starting the server")
-        log_path = out_dir / f"server-{v.name}.log"
-        steps = out_dir / f"steps-{v.name}.jsonl"
-        steps.unlink(missing_ok=True)
-        extra = (*v.serve_args, "--step-trace", str(steps))
-        with server_process(spec, v.policy, log_path, extra) as (base_url, cmd):
-            log(f"== {v.name}: replaying on {base_url}")
-            run = replay(replace(config, base_url=base_url), workload())
-        server = {
-            "command": cmd,
-            "cache_policy": v.policy,
-            "variant_args": list(v.serve_args),
-            "steps": summarize_steps(steps),  # the whole server run, warm-up and drain included
-        }
-        results[v.name] = build_result(run, v.name, workload_info, scale, prices, server)
+        first = runs[v.name][0]
+        if rounds > 1:
+            first["rounds"] = [{"summary": x["summary"], "cost": x["cost"]} for x in runs[v.name]]
+        results[v.name] = first
     return results

@@ -14,6 +14,8 @@ Result JSON (`schema: flashstate.bench.result/1`):
                      cross_check {client_cached_tokens, server_cached_tokens, equal}
     timeline         {bucket_s, output_tokens[], window [start, end]}
     requests[], sessions[]   the per-request and per-session records
+    rounds           (compare --rounds N > 1) every round's {summary, cost}, the first round's being the
+                     document's own; the markdown gives each metric's median over them and its spread
 
 A compare report (`schema: flashstate.bench.compare/1`) holds {created, reference, policies, results{}}, the
 results without their per-request and per-session records (those stay in result-<policy>.json).
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +161,17 @@ ROWS = [
 ]
 
 
+def round_values(result: dict[str, Any], get) -> list[float]:
+    """The metric in each of the run's rounds (its one value without `rounds`), unknowns left out."""
+    docs = result.get("rounds") or [result]
+    return [v for v in (get(d) for d in docs) if v is not None]
+
+
+def median_value(result: dict[str, Any], get) -> float | None:
+    values = round_values(result, get)
+    return statistics.median(values) if values else None
+
+
 def ratio(value: float | None, ref: float | None, lower_is_better: bool) -> float | None:
     """How many times better `value` is than `ref` (> 1: better)."""
     if value is None or ref is None:
@@ -165,6 +179,15 @@ def ratio(value: float | None, ref: float | None, lower_is_better: bool) -> floa
     if lower_is_better:
         return ref / value if value else None
     return value / ref if ref else None
+
+
+def _ratio_cell(result: dict[str, Any], reference: dict[str, Any], get, lower: bool) -> str:
+    c = ratio(median_value(result, get), median_value(reference, get), lower)
+    if c is None:
+        return "–"
+    a, b = round_values(result, get), round_values(reference, get)
+    overlap = len(a) > 1 and len(b) > 1 and min(a) <= max(b) and min(b) <= max(a)
+    return f"{c:.2f}× *within spread*" if overlap else f"{c:.2f}×"
 
 
 def markdown(results: dict[str, dict[str, Any]], reference: str | None = None, title: str = "") -> str:
@@ -182,17 +205,32 @@ def markdown(results: dict[str, dict[str, Any]], reference: str | None = None, t
         f"max context {scale.get('max_context')}, time × {scale['time_scale']:g}, "
         f"think cap {scale.get('max_think_s')}, output cap {scale.get('max_output_tokens')}."
     )
+    rounds = max(len(r.get("rounds") or [r]) for r in results.values())
+    if rounds > 1:
+        lines.append(
+            f"Each server ran {rounds} times, the order reversed each round; every figure is the median over "
+            "the rounds."
+        )
     lines += ["", "| metric | " + " | ".join(labels) + " |", "|---|" + "---:|" * len(labels)]
     for name, get, fmt, _ in ROWS:
-        lines.append(f"| {name} | " + " | ".join(fmt(get(results[k])) for k in labels) + " |")
+        lines.append(f"| {name} | " + " | ".join(fmt(median_value(results[k], get)) for k in labels) + " |")
     others = [k for k in labels if k != reference]
     if reference in results and others:
         lines += ["", f"Times better than `{reference}` (> 1: better; lower-is-better metrics inverted):", ""]
+        if rounds > 1:
+            lines += ["(*within spread*: the two runs' ranges over the rounds overlap — a difference the "
+                      "machine's own variation can explain.)", ""]  # fmt: skip
         lines += ["| metric | " + " | ".join(others) + " |", "|---|" + "---:|" * len(others)]
         for name, get, _, lower in ROWS[:11]:
-            ref = get(results[reference])
-            cells = [ratio(get(results[k]), ref, lower) for k in others]
-            lines.append(f"| {name} | " + " | ".join("–" if c is None else f"{c:.2f}×" for c in cells) + " |")
+            cells = [_ratio_cell(results[k], results[reference], get, lower) for k in others]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if rounds > 1:
+        lines += ["", "Spread over the rounds (min – max):", ""]
+        lines += ["| metric | " + " | ".join(labels) + " |", "|---|" + "---:|" * len(labels)]
+        for name, get, fmt, _ in ROWS[:8]:
+            spans = [round_values(results[k], get) for k in labels]
+            cells = [f"{fmt(min(v))} – {fmt(max(v))}" if v else "–" for v in spans]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     checks = [
         f"{k}: client {r['server_metrics']['cross_check']['client_cached_tokens']} / server "
         f"{r['server_metrics']['cross_check']['server_cached_tokens']}"

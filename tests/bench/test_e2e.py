@@ -14,14 +14,21 @@ SMALL = (SMALL + "--max-output-tokens 4 --no-progress").split()
 SERVE = "--device cpu --max-num-seqs 4 --max-model-len 8192"
 
 
-def test_compare_flashstate_vs_vllm_on_real_servers(tmp_path):
+def test_compare_flashstate_vs_vllm_on_real_servers(tmp_path, capsys):
+    """Two rounds, the second in reversed order: each metric's median and spread over them."""
     out = tmp_path / "cmp"
     rc = main(["bench", "compare", "--policies", "flashstate,vllm", "--serve-args", SERVE, "--out", str(out),
-               *SMALL])  # fmt: skip
+               "--rounds", "2", *SMALL])  # fmt: skip
     assert rc == 0
+    started = re.findall(r"== (\S+): starting the server", capsys.readouterr().err)
+    assert started == ["flashstate-round1", "vllm-round1", "vllm-round2", "flashstate-round2"]
+    report = (out / "report.md").read_text()
+    assert "median over the rounds" in report and "Spread over the rounds (min – max)" in report
     doc = json.loads((out / "compare.json").read_text())
     for policy in ("flashstate", "vllm"):
         r = doc["results"][policy]
+        assert [x["summary"]["requests"] for x in r["rounds"]] == [8, 8]
+        assert r["rounds"][0]["summary"] == r["summary"]  # the document is the first round's
         assert r["summary"]["requests"] == 8 and r["summary"]["errors"] == 0
         assert r["server"]["model"] == "flashstate-tiny" and r["scale"]["max_context"] == 8192
         check = r["server_metrics"]["cross_check"]

@@ -52,3 +52,20 @@ def test_ratio_direction():
     assert ratio(0.9, 0.3, lower_is_better=False) == 3.0
     assert ratio(10.0, 200.0, lower_is_better=True) == 20.0
     assert ratio(None, 1.0, False) is None and ratio(0.0, 5.0, True) is None
+
+
+def test_rounds_give_medians_spreads_and_overlap_marks():
+    def with_rounds(policy: str, hits: list[float]) -> dict:
+        r = result(policy)
+        r["rounds"] = [{"summary": {**r["summary"], "token_hit_rate": h}, "cost": r["cost"]} for h in hits]
+        return r
+
+    md = markdown({"flashstate": with_rounds("flashstate", [0.5, 0.9, 0.7]),
+                   "vllm": with_rounds("vllm", [0.3, 0.4, 0.2])}, "vllm", "rounds")  # fmt: skip
+    assert "Each server ran 3 times" in md
+    assert "| token hit rate | 70.0% | 30.0% |" in md  # medians
+    assert "| token hit rate | 50.0% – 90.0% | 20.0% – 40.0% |" in md  # spreads
+    assert "| token hit rate | 2.33× |" in md  # ranges apart: a difference, not noise
+    md = markdown({"flashstate": with_rounds("flashstate", [0.35, 0.5]),
+                   "vllm": with_rounds("vllm", [0.3, 0.4])}, "vllm", "rounds")  # fmt: skip
+    assert "| token hit rate | 1.21× *within spread* |" in md
