@@ -1,11 +1,17 @@
-"""Scale study on the simulator (issue 9): N agents replaying the real Claude-Code traces at full length,
-cache budgets from 25% to 200% of their working set, every policy → hit-rate and p90-TTFT curves, a table.
+"""Budget curves on the simulator (issues 9, 32): N agents replaying the real Claude-Code traces, cache
+budgets stated as fractions of their working set, every policy → hit rate, uncached p50, TTFT, output TPM
+and completed agents against the fraction; curves and a table.
 
     PYTHONPATH=. python benchmarks/sim_scale_study.py --agents 48 256 \
         --out benchmarks/results/sim-scale-2026-11-29
+    # the headline's scale, one trace half (--trace-split tune|validate):
+    PYTHONPATH=. python benchmarks/sim_scale_study.py --agents 48 --fractions 0.25 0.5 0.75 1 1.5 \
+        --length-scale 0.25 --max-context 65536 --time-scale 0.05 --max-think-time 5 \
+        --max-output-tokens 512 --warmup 15 --duration 270 --ramp 15 --trace-split tune --out DIR
 
-Working set W(N) = N × (mean over trace sessions of the peak prompt + output, in KV bytes, + one recurrent
-state): what N agents hold at once when each sits at its typical peak. Budget = fraction × W(N), passed as
+Working set W(N) (flashstate/bench/working_set.py, `flashstate bench working-set`) = N × (mean over trace
+sessions of the peak prompt + output at the replay's scale, in KV bytes, + one recurrent state): what N
+agents hold at once when each sits at its typical peak. Budget = fraction × W(N), passed as
 --kv-cache-memory-bytes (it also holds the engine's max_num_seqs working states, as on the GPU).
 
 Each run: N lanes, lanes started over `--ramp` s, `--warmup` s of warm-up, then `--duration` s measured
@@ -30,29 +36,21 @@ import torch
 from flashstate.bench.config import ReplayConfig
 from flashstate.bench.cost import Prices
 from flashstate.bench.report import build_result
+from flashstate.bench.working_set import working_set
 from flashstate.bench.workloads import load_workload
-from flashstate.cache.cache_tensors import kv_bytes_per_block, state_bytes_per_slot
 from flashstate.sim.command import engine_config, simulate
-from flashstate.sim.engine import model_spec
 from flashstate.sim.profile import load_profile
+from flashstate.spec.hf_config import spec_of
 
 POLICIES = ("flashstate", "vllm", "sglang", "none")
 TRACES = os.environ.get("FLASHSTATE_TRACES", "/work/shared/traces/claude-code")
 
 
-def working_set_bytes(sessions: list, agents: int, profile_name: str | None) -> tuple[int, float]:
-    profile = load_profile(profile_name)
-    spec = model_spec(profile.model)
-    dtype = getattr(torch, profile.dtype)
-    per_token = kv_bytes_per_block(spec, 1, dtype)
-    state = state_bytes_per_slot(spec, dtype)
-    peaks = [max(r.input_len + r.output_len for r in s.requests) for s in sessions]
-    mean_peak = sum(peaks) / len(peaks)
-    return int(agents * (mean_peak * per_token + state)), mean_peak
+SCALE_KEYS = ("length_scale", "max_context", "time_scale", "max_think_s", "max_output_tokens")
 
 
 def one_run(job: dict[str, Any]) -> dict[str, Any]:
-    sessions = load_workload(TRACES, "auto", None, None)
+    sessions = load_workload(TRACES, "auto", None, None, job["split"])
     profile = load_profile(job["profile"])
     gpus = job.get("gpus", 1)  # engines behind session-affinity routing, each with its share of the budget
     config = engine_config(profile, ["--kv-cache-memory-bytes", str(job["budget"] // gpus)], job["policy"])
@@ -65,18 +63,13 @@ def one_run(job: dict[str, Any]) -> dict[str, Any]:
         seed=job["seed"],
         progress=False,
         num_gpus=gpus,
+        **{k: job["scale"][k] for k in SCALE_KEYS},
     )
     t0 = time.process_time()
     run, facts = simulate(profile, config, replay, sessions)
-    scale = {
-        "length_scale": 1.0,
-        "length_scale_auto": False,
-        "max_context": None,
-        "time_scale": 1.0,
-        "max_think_s": None,
-        "max_output_tokens": None,
-    }
-    info = {"kind": "agentx", "source": TRACES, "sessions": len(sessions), "seed": job["seed"]}
+    scale = job["scale"] | {"length_scale_auto": False}
+    info = {"kind": "agentx", "source": TRACES, "sessions": len(sessions), "split": job["split"],
+            "seed": job["seed"]}  # fmt: skip
     result = build_result(
         run, job["policy"], info, scale, Prices(), {"cache_policy": job["policy"], "simulated": facts}
     )
@@ -88,6 +81,7 @@ def one_run(job: dict[str, Any]) -> dict[str, Any]:
         "requests": s["requests"],
         "output_tpm": s["output_tpm"],
         "uncached_p50": s["uncached_tokens_per_request"]["p50"],
+        "completed_agents": s["completed_agents"],
         "cache_plan": facts["cache_plan"],
         "evictions": facts["cache_stats"][0]["evictions"],
         "cpu_s": time.process_time() - t0,
@@ -129,9 +123,9 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| agents | engines | budget (% W) | budget | policy | token hit rate | p50 TTFT (s) "
-        "| p90 TTFT (s) | requests | output TPM | CPU s |",
-        "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+        "| agents | engines | budget (% W) | budget | policy | token hit rate | uncached p50 | p50 TTFT (s) "
+        "| p90 TTFT (s) | requests | output TPM | completed agents | CPU s |",
+        "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in sorted(rows, key=lambda r: (r["agents"], r["fraction"], POLICIES.index(r["policy"]))):
         hit = "–" if r["hit_rate"] is None else f"{r['hit_rate']:.1%}"
@@ -139,10 +133,12 @@ def table(rows: list[dict[str, Any]]) -> str:
         p90 = "–" if r["ttft_p90"] is None else f"{r['ttft_p90']:.3g}"
         reqs = "–" if r["requests"] is None else r["requests"]
         tpm = "–" if r["output_tpm"] is None else f"{r['output_tpm']:,.0f}"
+        unc = "–" if r.get("uncached_p50") is None else f"{r['uncached_p50']:,.0f}"
+        done = r.get("completed_agents", "–")
         lines.append(
             f"| {r['agents']} | {r.get('gpus', 1)} | {100 * r['fraction']:.0f}% | {r['budget'] / 1e9:.1f} GB "
             f"| {r['policy']} | "
-            f"{hit} | {p50} | {p90} | {reqs} | {tpm} | {r['cpu_s']:.0f} |"
+            f"{hit} | {unc} | {p50} | {p90} | {reqs} | {tpm} | {done} | {r['cpu_s']:.0f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -174,14 +170,32 @@ def main() -> int:
     p.add_argument(
         "--agents-per-gpu", type=int, default=0, help="engines = ceil(agents / this); 0: one engine"
     )
+    p.add_argument("--length-scale", type=float, default=1.0)
+    p.add_argument("--max-context", type=int, default=None)
+    p.add_argument("--time-scale", type=float, default=1.0)
+    p.add_argument("--max-think-time", type=float, default=None)
+    p.add_argument("--max-output-tokens", type=int, default=None)
+    p.add_argument("--trace-split", default=None, choices=["tune", "validate"])
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/sim-scale-2026-11-29"))
     args = p.parse_args()
-    sessions = load_workload(TRACES, "auto", None, None)
+    scale = {
+        "length_scale": args.length_scale,
+        "max_context": args.max_context,
+        "time_scale": args.time_scale,
+        "max_think_s": args.max_think_time,
+        "max_output_tokens": args.max_output_tokens,
+    }
+    sessions = load_workload(TRACES, "auto", None, None, args.trace_split)
+    profile = load_profile(args.profile)
+    spec, dtype = spec_of(profile.model), getattr(torch, profile.dtype)
     jobs = []
     for n in args.agents:
-        w, mean_peak = working_set_bytes(sessions, n, args.profile)
+        ws = working_set(
+            sessions, n, spec, dtype, args.length_scale, args.max_context, args.max_output_tokens
+        )
+        w = ws.bytes
         print(
-            f"{n} agents: working set {w / 1e9:.1f} GB (mean session peak {mean_peak:,.0f} tokens)",
+            f"{n} agents: working set {w / 1e9:.1f} GB (mean session peak {ws.mean_peak_tokens:,.0f} tokens)",
             file=sys.stderr,
         )
         for f in args.fractions:
@@ -198,6 +212,8 @@ def main() -> int:
                         "duration": args.duration,
                         "ramp": args.ramp,
                         "seed": args.seed,
+                        "scale": scale,
+                        "split": args.trace_split,
                         "gpus": -(-n // args.agents_per_gpu) if args.agents_per_gpu else 1,
                     }
                 )

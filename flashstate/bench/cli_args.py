@@ -12,6 +12,8 @@ import argparse
 
 from flashstate.bench.config import MODES, ReplayConfig
 from flashstate.bench.cost import Prices
+from flashstate.bench.working_set import add_working_set_parser
+from flashstate.bench.workloads import TRACE_SPLITS
 from flashstate.config import CACHE_POLICIES
 
 
@@ -35,6 +37,13 @@ def workload_args(p: argparse.ArgumentParser) -> None:
         help="tokens per hash block of a Mooncake trace (default 512; AgentX files carry theirs)",
     )
     g.add_argument("--trace-limit", type=int, default=None, help="load at most this many trace files")
+    g.add_argument(
+        "--trace-split",
+        default=None,
+        choices=TRACE_SPLITS,
+        help="one half of the trace set by a fixed rule: tune = sessions at even positions (sorted by file "
+        "name), validate = odd; set knobs on one, report the other",
+    )
     g.add_argument(
         "--subagent-prob",
         type=float,
@@ -216,3 +225,4 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     stats.add_argument("--trace-format", default="auto", choices=["auto", "agentx", "mooncake"])
     stats.add_argument("--trace-block-size", type=int, default=None)
     stats.add_argument("--trace-limit", type=int, default=None)
+    add_working_set_parser(bsub)

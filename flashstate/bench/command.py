@@ -25,6 +25,7 @@ from flashstate.bench.prompts import auto_length_scale
 from flashstate.bench.replay import replay
 from flashstate.bench.report import RESULT_SCHEMA, build_result, markdown, write_report
 from flashstate.bench.synthetic_defaults import DEFAULT as SYNTHETIC_DEFAULT
+from flashstate.bench.working_set import run_working_set
 from flashstate.bench.workloads import Session, WorkloadError, load_workload, trace_format
 from flashstate.config import CACHE_POLICIES
 from flashstate.lifeline import Terminated, terminate_on_signals
@@ -35,6 +36,8 @@ Workload = Callable[[], list[Session] | Iterator[Session]]
 def make_workload(args: argparse.Namespace) -> tuple[Workload, dict[str, Any], Callable[[], list[Session]]]:
     """(factory giving the same sessions on each call, description, a sample for --length-scale auto)."""
     if args.workload == "synthetic":
+        if args.trace_split is not None:
+            raise ValueError("--trace-split splits a trace set; the synthetic workload has none")
         cfg = SYNTHETIC_DEFAULT
         if args.subagent_prob is not None:
             cfg = replace(cfg, subagent_prob=args.subagent_prob)
@@ -49,11 +52,14 @@ def make_workload(args: argparse.Namespace) -> tuple[Workload, dict[str, Any], C
             info,
             lambda: synthetic.generate(cfg, 200, args.seed),
         )
-    sessions = load_workload(args.workload, args.trace_format, args.trace_block_size, args.trace_limit)
+    sessions = load_workload(
+        args.workload, args.trace_format, args.trace_block_size, args.trace_limit, args.trace_split
+    )
     info = {
         "kind": trace_format(args.workload, args.trace_format),
         "source": str(args.workload),
         "sessions": len(sessions),
+        "split": args.trace_split,
         "seed": args.seed,
         "requests": sum(len(s.requests) for top in sessions for _, s in top.walk()),
     }
@@ -273,6 +279,8 @@ def run_bench(args: argparse.Namespace) -> int:
         with terminate_on_signals():
             if args.bench_command == "report":
                 return _report(args)
+            if args.bench_command == "working-set":
+                return run_working_set(args)
             return _stats(args) if args.bench_command == "stats" else _run(args)
     except (ValueError, OSError) as e:  # WorkloadError is a ValueError
         print(f"flashstate bench: error: {e}", file=sys.stderr)

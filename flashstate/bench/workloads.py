@@ -306,12 +306,34 @@ def trace_format(path: str | Path, fmt: str = "auto") -> str:
     return fmt
 
 
+TRACE_SPLITS = ("tune", "validate")
+
+
 def load_workload(
-    path: str | Path, fmt: str = "auto", block_size: int | None = None, limit: int | None = None
+    path: str | Path,
+    fmt: str = "auto",
+    block_size: int | None = None,
+    limit: int | None = None,
+    split: str | None = None,
 ) -> list[Session]:
-    """Load a trace in format `fmt` (`agentx`, `mooncake`, `auto`)."""
+    """Load a trace in format `fmt` (`agentx`, `mooncake`, `auto`); `split` keeps one half of it by a fixed
+    rule (see `split_sessions`)."""
     if not Path(path).exists():
         raise WorkloadError(f"{path}: no such file or directory")
     if trace_format(path, fmt) == "agentx":
-        return load_agentx(path, limit)
-    return load_mooncake(path, block_size or MOONCAKE_BLOCK_SIZE, limit)
+        sessions = load_agentx(path, limit)
+    else:
+        sessions = load_mooncake(path, block_size or MOONCAKE_BLOCK_SIZE, limit)
+    return sessions if split is None else split_sessions(sessions, split)
+
+
+def split_sessions(sessions: list[Session], split: str) -> list[Session]:
+    """The tuning half (`tune`: sessions at even positions in load order, i.e. sorted by trace file name)
+    or the validation half (`validate`: odd positions). Every knob is set on the first and checked on the
+    second; the rule depends on nothing a run measures."""
+    if split not in TRACE_SPLITS:
+        raise WorkloadError(f"trace split must be one of {', '.join(TRACE_SPLITS)}, got {split!r}")
+    half = sessions[TRACE_SPLITS.index(split) :: 2]
+    if not half:
+        raise WorkloadError(f"the {split} half of {len(sessions)} session(s) is empty")
+    return half

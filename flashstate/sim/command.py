@@ -27,11 +27,12 @@ from flashstate.bench.replay import SessionSource
 from flashstate.bench.report import build_result
 from flashstate.bench.step_summary import STEP_FIELDS, summarize
 from flashstate.config import EngineConfig
-from flashstate.sim.engine import SimEngine, model_spec
+from flashstate.sim.engine import SimEngine
 from flashstate.sim.events import EventLoop
 from flashstate.sim.fit import fitted_profile, read_steps
 from flashstate.sim.profile import Profile, load_profile
 from flashstate.sim.replay import SimReplay
+from flashstate.spec.hf_config import spec_of
 
 
 def engine_config(profile: Profile, serve_args: list[str], policy: str) -> EngineConfig:
@@ -49,7 +50,7 @@ def engine_config(profile: Profile, serve_args: list[str], policy: str) -> Engin
 def make_engines(
     profile: Profile, config: EngineConfig, n: int, loop: EventLoop, model: str | None = None
 ) -> list[SimEngine]:
-    spec = model_spec(model or profile.model)
+    spec = spec_of(model or profile.model)
     return [
         SimEngine(
             config,

@@ -38,15 +38,7 @@ from flashstate.sampling_params import SamplingParams
 from flashstate.sequence import RequestStats, Sequence
 from flashstate.sim.host import SimHostTier
 from flashstate.sim.profile import DecodeModel
-from flashstate.spec.hf_config import spec_from_hf
 from flashstate.spec.model_spec import DTYPES, ModelSpec
-
-
-def model_spec(model: str) -> ModelSpec:
-    """A preset name or an HF-format model directory."""
-    from flashstate.spec.preset_configs import PRESETS, preset_config
-
-    return spec_from_hf(preset_config(model) if model in PRESETS else model)
 
 
 @dataclass(slots=True)
@@ -186,7 +178,8 @@ class SimEngine:
 
     def start_decode_run(self, max_seconds: float) -> tuple[int, float] | None:
         """Run k > 1 pure decode steps at once when they are exactly what k `start_step`s would do: nothing
-        waits (no admission attempt could stamp the cache), every running sequence decodes, none reaches
+        waits, or under memory admission nothing waiting fits beside the running set (no admission attempt
+        could stamp the cache), every running sequence decodes, none reaches
         its last token, the KV blocks for all k tokens are free (no eviction, no preemption), and the k
         steps end within `max_seconds` (before any other event), and no host restore is in flight. Returns
         (k, seconds), or None."""
@@ -194,7 +187,7 @@ class SimEngine:
         running = sched.running
         if (
             not self.decode_runs
-            or sched.waiting
+            or (sched.waiting and (sched.admission is None or not sched.admission_blocked()))
             or sched.restoring  # each step polls the restores: a run would land them late
             or not running
             or len(running) > sched.max_num_batched_tokens

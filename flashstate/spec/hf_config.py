@@ -503,6 +503,13 @@ PARSERS = {
 }
 
 
+def spec_of(model: str) -> ModelSpec:
+    """The ModelSpec of a preset name or of an HF-format model directory (its config.json alone is read)."""
+    from flashstate.spec.preset_configs import PRESETS, preset_config
+
+    return spec_from_hf(preset_config(model) if model in PRESETS else model)
+
+
 def spec_from_hf(config: dict[str, Any] | str | Path) -> ModelSpec:
     """The ModelSpec of an HF `config.json` (a path, a directory holding one, or the parsed dict)."""
     if not isinstance(config, dict):

@@ -26,8 +26,9 @@ from hypothesis import strategies as st
 
 from flashstate.cache.cost import PrefillCost
 from flashstate.config import EngineConfig
-from flashstate.sim.engine import SimEngine, model_spec
+from flashstate.sim.engine import SimEngine
 from flashstate.sim.profile import DecodeModel
+from flashstate.spec.hf_config import spec_of
 
 POLICIES = ("flashstate", "vllm", "sglang")
 BLOCK = 32  # vLLM's align block (and the flashstate policy's sparse fallback spacing)
@@ -51,7 +52,7 @@ def engine(policy: str, budget: int, **flags) -> SimEngine:
     )
     sim = SimEngine(
         config,
-        model_spec("tiny"),
+        spec_of("tiny"),
         "float32",
         PrefillCost(1e-5, 1e-10),
         DecodeModel(1e-3, 0.0, 0.0),

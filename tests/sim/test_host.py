@@ -6,8 +6,8 @@ import torch
 from flashstate.cache.cost import PrefillCost
 from flashstate.cache.host.restore import RestorePhase
 from flashstate.sim import host as sim_host
-from flashstate.sim.engine import model_spec
 from flashstate.sim.host import SimHostTier
+from flashstate.spec.hf_config import spec_of
 
 from .helpers import growing, run
 
@@ -22,7 +22,7 @@ class Clock:
 
 def _tier(capacity: int = 64 << 30, inline: bool = False) -> tuple[SimHostTier, Clock]:
     clock = Clock()
-    spec = model_spec("qwen3-next-2b")
+    spec = spec_of("qwen3-next-2b")
     cost = PrefillCost(1e-5, 1e-10)
     return SimHostTier(spec, torch.bfloat16, 64, capacity, cost, clock, 256, inline_fetch=inline), clock
 
