@@ -238,6 +238,16 @@ def _host_metrics(host: HostSnapshot, gauge: Callable, counter: Callable, m: lis
         "Host hits on states another engine wrote to the shared store.",
         s.remote_hits,
     )
+    yield counter(
+        "flashstate:host_cache_remote_restores",
+        "States restored that another engine wrote to the shared store (cross-replica restores).",
+        s.remote_restores,
+    )
+    yield counter(
+        "flashstate:host_cache_remote_restored_tokens",
+        "Of the restored tokens, those of states another engine wrote.",
+        s.remote_restored_tokens,
+    )
     misses = CounterMetricFamily(
         "flashstate:host_cache_misses",
         "Host states found unusable at restore, by reason (dropped by the store, corrupt, forged: the MAC "

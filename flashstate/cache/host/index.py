@@ -45,11 +45,13 @@ class IndexedState:
 
 @dataclass(slots=True)
 class HostHit:
-    """A restorable state on a prompt's path: its key, depth and chunk keys."""
+    """A restorable state on a prompt's path: its key, depth and chunk keys; `remote`: found by probing a
+    shared store (another engine wrote it), not in this tier's index."""
 
     key: str
     depth: int
     chunks: list[str]
+    remote: bool = False
 
 
 class HostIndex:

@@ -18,6 +18,8 @@ class HostTierStats:
     writes_without_buffer: int = 0  # of those: admitted, but the store had no free range for the objects
     lookups: int = 0
     remote_hits: int = 0  # lookups answered by a state another engine wrote (found in a shared store)
+    remote_restores: int = 0  # of restores: states another engine wrote (cross-replica restores)
+    remote_restored_tokens: int = 0  # of restored_tokens: those of remote_restores
     restores: int = 0
     restored_tokens: int = 0
     shared_tokens: int = 0  # of restored_tokens: KV the GPU cache still held (shared, not copied)

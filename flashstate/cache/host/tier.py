@@ -55,7 +55,7 @@ from flashstate.cache.host.transfer import StateTransfer
 from flashstate.cache.host.writer import HostWriter
 
 logger = logging.getLogger("flashstate.host")
-PROBE_CHUNKS = 4  # a shared store is probed for states in this many chunks below the prompt's end
+PROBE_CHUNKS = 4  # a shared store is probed for states in this many chunks below the deepest present one
 
 
 class HostTier:
@@ -231,17 +231,25 @@ class HostTier:
             return self.index.find(tokens, limit, hashes, self.layout)
 
     def _probe(self, tokens: list[int], limit: int, floor: int, hashes: list[bytes]) -> HostHit | None:
-        """The deepest state object in the store at a depth in (floor, limit], whoever wrote it: every
-        depth of the PROBE_CHUNKS deepest chunks above `floor`, one batched existence check per chunk.
-        A state whose chunk objects the store lacks does not count."""
+        """The deepest state object in the store at a depth in (floor, limit], whoever wrote it, at any depth
+        the prompt reaches. A state at depth p needs the chunk objects 1..floor(p / C): one batched existence
+        check over the prompt's chunk keys gives `reach`, the deepest chunk j with chunks 1..j all present,
+        and no restorable state lies past chunk `reach`'s end. Then every depth of the PROBE_CHUNKS chunks
+        from there down (above `floor`), one batched check per chunk: at most 1 + PROBE_CHUNKS store calls
+        and PROBE_CHUNKS · C state keys hashed, whatever the prompt's length."""
         c = self.layout.chunk_tokens
-        for j in range(limit // c, max(floor // c, limit // c - PROBE_CHUNKS + 1) - 1, -1):
+        top = limit // c
+        chunk_keys = [self.layout.chunk_key(h) for h in hashes[1 : top + 1]]
+        present = self.store.exists_many(chunk_keys) if chunk_keys else []
+        reach = next((i for i, found in enumerate(present) if not found), len(present))
+        for j in range(reach, max(floor // c, reach - PROBE_CHUNKS + 1) - 1, -1):
             depths = range(min((j + 1) * c - 1, limit), max(j * c, floor + 1) - 1, -1)
+            if not depths:
+                continue
             keys = [self.layout.state_key(hashes[j], tokens, p) for p in depths]
             found = [(d, k) for d, k, f in zip(depths, keys, self.store.exists_many(keys), strict=True) if f]
-            chunks = [self.layout.chunk_key(h) for h in hashes[1 : j + 1]]
-            if found and all(self.store.exists_many(chunks)):
-                return HostHit(found[0][1], found[0][0], chunks)
+            if found:
+                return HostHit(found[0][1], found[0][0], chunk_keys[:j], remote=True)
         return None
 
     @engine_call
@@ -348,6 +356,9 @@ class HostTier:
         self.stats.restores += 1
         self.stats.restored_tokens += hit.depth
         self.stats.shared_tokens += first_chunk * c
+        if hit.remote:
+            self.stats.remote_restores += 1
+            self.stats.remote_restored_tokens += hit.depth
         return event
 
     def _left_index(self, key: str) -> None:

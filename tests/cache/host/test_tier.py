@@ -231,3 +231,33 @@ def test_a_dropped_restore_frees_its_fetched_objects_without_the_collector(new_s
     finally:
         gc.enable()
     tier.close()
+
+
+class _SharedMemoryStore(MemoryStore):
+    """The embedded store as a shared one: two tiers on it stand for two engines on one Mooncake master."""
+
+    shared = True
+
+
+def test_a_shared_store_is_probed_at_any_depth_the_prompt_reaches():
+    store = _SharedMemoryStore(1 << 30)
+    caches = make_caches(num_blocks=128, seed=3)
+    writer, reader = (make_tier(store, caches, fingerprint="shared") for _ in range(2))
+    tokens = _tokens(200, 7)
+    writer.write_back(tokens, 45, _blocks(45), 0)  # chunk 5 (depths 40..47): far below a 200-token prompt
+    writer.flush()
+    calls = []
+    exists_many = store.exists_many
+    store.exists_many = lambda keys: calls.append(len(keys)) or exists_many(keys)
+    hit = reader.lookup(tokens, limit=199)
+    assert hit is not None and hit.depth == 45 and hit.remote and len(hit.chunks) == 5
+    # one check of the prompt's 24 chunk keys, then chunk 5's depths alone: not the 20 chunks above it
+    assert calls == [199 // CHUNK, CHUNK]
+    assert reader.lookup(tokens, limit=199, floor=45) is None  # nothing deeper than what the engine holds
+    reader.load(hit, reader.fetch(hit), _blocks(45, first=60), slot=5)
+    s = reader.stats
+    assert (s.remote_hits, s.restores, s.remote_restores, s.remote_restored_tokens) == (1, 1, 1, 45)
+    own = writer.lookup(tokens, limit=199)  # the writer finds it in its own index: not a remote restore
+    assert own is not None and not own.remote
+    writer.close()
+    reader.close()
