@@ -291,6 +291,14 @@ class EngineConfig:
         "split the output into reasoning_content (and vLLM's `reasoning`) and content (vLLM's parser names)",
         shown="none",
     )
+    chat_splice_bytes: int = _server(
+        4 << 20,
+        "chat prompts: an assistant message's content (or tool-call arguments) that this server generated "
+        "is tokenized as the ids it generated, not re-encoded from text, so the next turn stays on the "
+        "cached token path (server/prompt_splice.py); this many bytes of generated ids are remembered "
+        "(LRU); 0: off",
+        size=True,
+    )
     chat_template: str | None = _server(
         None,
         "the chat template: a file, or the Jinja template itself (text with {, } or a newline)",
@@ -313,14 +321,6 @@ class EngineConfig:
         False,
         "serve the development endpoints (POST /reset_prefix_cache), as vLLM's VLLM_SERVER_DEV_MODE=1; also "
         "on with FLASHSTATE_SERVER_DEV_MODE=1 or VLLM_SERVER_DEV_MODE=1",
-    chat_splice_bytes: int = _server(
-        4 << 20,
-        "chat prompts: an assistant message's content (or tool-call arguments) that this server generated "
-        "is tokenized as the ids it generated, not re-encoded from text, so the next turn stays on the "
-        "cached token path (server/prompt_splice.py); this many bytes of generated ids are remembered "
-        "(LRU); 0: off",
-        size=True,
-    )
     )
 
     @property
