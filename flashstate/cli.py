@@ -1,6 +1,6 @@
 """`flashstate` command line: serve (the OpenAI-compatible server), calibrate, bench, demo, simulate,
-fit-profile (a simulator profile from measured steps), and mooncake-master (a Mooncake store master for
-the host tier)."""
+fit-profile (a simulator profile from measured steps), mooncake-master (a Mooncake store master for
+the host tier), and fleet (replicas behind a router)."""
 
 from __future__ import annotations
 
@@ -53,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     master.add_argument("--host", default="127.0.0.1", help="address the master listens on")
     master.add_argument("--port", type=int, default=50051, help="RPC port (--mooncake-master HOST:PORT)")
     master.add_argument("--metrics-port", type=int, default=9003, help="the master's HTTP metrics port")
+    from flashstate.fleet.command import add_fleet_parser
+
+    add_fleet_parser(sub)
     return parser
 
 
@@ -82,6 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "mooncake-master":
         return _mooncake_master(args.host, args.port, args.metrics_port)
+    if args.command == "fleet":
+        from flashstate.fleet.command import run_fleet
+
+        return run_fleet(args)
     if args.command in ("bench", "demo"):
         from flashstate.bench.command import run_bench
 

@@ -4,7 +4,8 @@ import each other, however indirectly.
 
     base      flashstate/*.py (config, envs, sampling_params, sequence, tokenizer, device, ...) and
               diagnostics/ (off the request path)
-    ops < layers < models < cache < engine (with distributed/) < server | sim | bench < faces (cli, llm)
+    ops < layers < models < cache < engine (with distributed/) < server | sim | bench < fleet
+    < faces (cli, llm)
 
 Beside the order: server, sim and bench do not import each other, except sim from bench (the simulator
 replays bench's workloads); bench (an HTTP client) imports nothing below the server but base modules;
@@ -21,7 +22,7 @@ import flashstate
 
 RANKS = {
     "base": 0, "diagnostics": 0, "spec": 0, "ops": 1, "layers": 2, "models": 3, "cache": 4, "engine": 5,
-    "distributed": 5, "server": 6, "sim": 6, "bench": 6, "faces": 7,
+    "distributed": 5, "server": 6, "sim": 6, "bench": 6, "fleet": 7, "faces": 8,
 }  # fmt: skip
 FACES = {"flashstate", "flashstate.cli", "flashstate.llm"}
 # Imports the contract allows for now, each with the reason; the list only shrinks.

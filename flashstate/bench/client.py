@@ -34,9 +34,11 @@ class Completion:
     finish_reason: str | None = None
     error: str | None = None
     too_long: bool = False  # the server refused the prompt as longer than its context (HTTP 400)
+    retryable: bool = False  # the server (or a router's replica) failed: the same request may be sent again
     _ids: list[int] = field(default_factory=list)
 
 
+RETRYABLE_STATUS = (502, 503, 504)  # a router with no healthy replica, or a replica going away
 _TOO_LONG = ("context_length_exceeded", "max_model_len", "maximum context length")
 
 
@@ -130,21 +132,27 @@ async def stream(
                 detail = (await resp.aread()).decode("utf-8", "replace")[:300]
                 c.error = f"HTTP {resp.status_code}: {detail}"
                 c.too_long = resp.status_code == 400 and any(m in detail for m in _TOO_LONG)
+                c.retryable = resp.status_code in RETRYABLE_STATUS
                 c.t_end = time.perf_counter()
                 return c
+            done = False
             async for line in resp.aiter_lines():
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
                 if data == "[DONE]":
+                    done = True
                     break
                 chunk = json.loads(data)
                 if "error" in chunk:
                     c.error = f"stream error: {json.dumps(chunk['error'])[:300]}"
                     break
                 _absorb(c, chunk, time.perf_counter())
+            if not done and c.error is None:  # a replica that died mid-stream, its response cut by a router
+                c.error, c.retryable = "the stream ended before [DONE]", True
     except (httpx.HTTPError, json.JSONDecodeError) as e:
         c.error = f"{type(e).__name__}: {e}"[:300]
+        c.retryable = isinstance(e, httpx.TransportError)
     c.t_end = time.perf_counter()
     if c.error is None and c.t_first is None and c.completion_tokens:
         c.t_first = c.t_end  # a server that sends the text in the last chunk only

@@ -118,19 +118,20 @@ def server_process(
             wait_ready(base_url, spec.startup_timeout_s, proc, log)
             break
         except ServerError:
-            _stop(proc)
+            stop_process(proc)
             if attempt == PORT_ATTEMPTS or "address already in use" not in log.read_text(errors="replace"):
                 raise
         except BaseException:
-            _stop(proc)
+            stop_process(proc)
             raise
     try:
         yield base_url, cmd
     finally:
-        _stop(proc)
+        stop_process(proc)
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def stop_process(proc: subprocess.Popen) -> None:
+    """SIGTERM to the process group of a server started with start_new_session, SIGKILL after 20 s."""
     if proc.poll() is not None:
         return
     with contextlib.suppress(ProcessLookupError):

@@ -33,6 +33,7 @@ class ReplayConfig:
     max_token_id: int = DEFAULT_MAX_TOKEN_ID
     request_timeout_s: float = 600.0
     drain_s: float = 60.0  # after the end, in-flight requests get this long to finish
+    retries: int = 0  # a request that failed retryably (client.Completion.retryable) is sent again this often
     num_gpus: int = 1
     progress: bool = True
 
@@ -41,6 +42,8 @@ class ReplayConfig:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.agents < 1 or self.max_requests < 1:
             raise ValueError("agents and max_requests must be >= 1")
+        if self.retries < 0:
+            raise ValueError(f"retries must be >= 0, got {self.retries}")
         if min(self.warmup_s, self.ramp_s, self.time_scale) < 0 or self.duration_s <= 0:
             raise ValueError("duration_s must be > 0; warmup_s, ramp_s, time_scale >= 0")
         if not 0 <= self.chat_thinking_share <= 1:

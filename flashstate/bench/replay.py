@@ -105,12 +105,28 @@ class ReplayResult:
     client_gc: str | None = None  # this process's garbage-collector pauses during the run (GcPauses)
 
 
+RETRY_BACKOFF_S = 0.5  # before a retry, times the attempt number
+
+
 async def fetch_metrics(http: httpx.AsyncClient, base_url: str) -> dict[str, float] | None:
+    """The server's /metrics; behind a router that lists its replicas (GET /list_workers: vllm-router,
+    sglang-router), every replica's, summed (a replica that does not answer is left out)."""
     try:
-        resp = await http.get(f"{base_url}/metrics", timeout=10.0)
-    except httpx.HTTPError:
-        return None
-    return parse_prometheus(resp.text) if resp.status_code == 200 else None
+        listed = await http.get(f"{base_url}/list_workers", timeout=10.0)
+        urls = listed.json()["urls"] if listed.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        urls = None
+    merged: dict[str, float] | None = None
+    for url in urls if isinstance(urls, list) and urls else [base_url]:
+        try:
+            resp = await http.get(f"{str(url).rstrip('/')}/metrics", timeout=10.0)
+        except httpx.HTTPError:
+            continue
+        if resp.status_code == 200:
+            merged = merged or {}
+            for name, value in parse_prometheus(resp.text).items():
+                merged[name] = merged.get(name, 0.0) + value
+    return merged
 
 
 async def server_model(http: httpx.AsyncClient, base_url: str) -> tuple[str | None, int | None]:
@@ -192,12 +208,17 @@ class Replay:
         self._sent += 1
         if self._sent >= cfg.max_requests:
             self._stop.set()
-        where = (lane, sid, depth, turn, time.perf_counter())
         sizes = (context_len(context), max_tokens, target, frontier)
-        task = asyncio.create_task(self._request(url, body, where, sizes))
-        self._inflight.add(task)
-        task.add_done_callback(self._inflight.discard)
-        return await asyncio.shield(task)  # a lane cancelled at the window's end leaves it to drain
+        for attempt in range(cfg.retries + 1):
+            where = (lane, sid, depth, turn, time.perf_counter())
+            task = asyncio.create_task(self._request(url, body, where, sizes))
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+            c = await asyncio.shield(task)  # a lane cancelled at the window's end leaves it to drain
+            if c.error is None or not c.retryable or attempt == cfg.retries or self._stop.is_set():
+                return c
+            await asyncio.sleep(RETRY_BACKOFF_S * (attempt + 1))  # the failed attempt stays recorded
+        return c
 
     async def _request(
         self,

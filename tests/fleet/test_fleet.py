@@ -1,0 +1,117 @@
+"""A fleet of real processes on loopback: vllm-router before two `flashstate serve` replicas (embedded tiny
+model, CPU) whose host tiers share one real mooncake_master. A replica restores a session another replica
+served, at a depth far below the prompt's end, with the same greedy tokens as a fresh prefill; a bench
+replay through the router loses no session when a replica is SIGKILLed mid-run, and the replica rejoins."""
+
+import asyncio
+import random
+import signal
+import threading
+
+import httpx
+import pytest
+
+from flashstate.bench import synthetic
+from flashstate.bench.config import ReplayConfig
+from flashstate.bench.metrics import parse_prometheus
+from flashstate.bench.replay import fetch_metrics, replay
+from flashstate.bench.synthetic_defaults import DEFAULT as SYNTHETIC
+from flashstate.fleet.launch import FleetSpec, running_fleet
+from flashstate.fleet.router import router_executable
+
+try:
+    router_executable()
+except FileNotFoundError as e:
+    pytest.skip(str(e), allow_module_level=True)
+
+SERVE = ("--device", "cpu", "--max-num-seqs", "4", "--max-model-len", "8192", "--host-chunk-tokens", "32")
+MODEL = "flashstate-tiny"
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    spec = FleetSpec(replicas=2, policy="cache_aware", shared=True, host_cache_bytes="64M", serve_args=SERVE)
+    with running_fleet(spec, tmp_path_factory.mktemp("fleet")) as f:
+        yield f
+
+
+def _metrics(url: str) -> dict[str, float]:
+    return parse_prometheus(httpx.get(f"{url}/metrics", timeout=30).text)
+
+
+def _metric(url: str, name: str) -> float:
+    return sum(v for k, v in _metrics(url).items() if k.split("{")[0] == name)
+
+
+def _complete(url: str, prompt: list[int], **extra) -> dict:
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0.0, "ignore_eos": True,
+            "return_token_ids": True, **extra}  # fmt: skip
+    r = httpx.post(f"{url}/v1/completions", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _wait(predicate, timeout: float = 60.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition never held"
+        time.sleep(0.1)
+
+
+def test_a_replica_restores_a_session_another_replica_served(fleet):
+    first, second = (r.url for r in fleet.replicas)
+    rng = random.Random(0)
+    prompt = [rng.randrange(2000) for _ in range(300)]
+    out = _complete(first, prompt)["choices"][0]["token_ids"]
+    _wait(lambda: _metric(first, "flashstate:host_cache_states_written_total") >= 1)
+    # the next turn appends 7 chunks of 32: the state lies far below the prompt's end
+    turn = prompt + out + [rng.randrange(2000) for _ in range(230)]
+    got = _complete(second, turn)
+    depth = len(prompt) + len(out) - 1  # the last sampled token never ran through the model
+    assert got["usage"]["prompt_tokens_details"]["cached_tokens"] == depth
+    assert _metric(second, "flashstate:host_cache_remote_restores_total") == 1
+    assert _metric(second, "flashstate:host_cache_remote_restored_tokens_total") == depth
+    fresh = _complete(first, turn, cache_salt="reference")  # another salt: no state of it anywhere
+    assert fresh["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert got["choices"][0]["token_ids"] == fresh["choices"][0]["token_ids"]
+
+
+def test_a_replica_killed_mid_replay_loses_no_session_and_rejoins(fleet):
+    config = ReplayConfig(
+        base_url=fleet.url, agents=8, duration_s=600, max_requests=60, length_scale=0.01, time_scale=0.0,
+        max_output_tokens=4, retries=3, progress=False, seed=3,
+    )  # fmt: skip
+    victim = fleet.replicas[1]
+    served_before = _metric(victim.url, "vllm:request_success_total")
+    killed = threading.Event()
+
+    def kill_when_busy() -> None:
+        _wait(lambda: _metric(victim.url, "vllm:request_success_total") >= served_before + 3, 300)
+        victim.kill(signal.SIGKILL)
+        killed.set()
+
+    killer = threading.Thread(target=kill_when_busy, daemon=True)
+    killer.start()
+    result = replay(config, synthetic.session_stream(SYNTHETIC, 3))
+    killer.join(5)
+    assert killed.is_set()
+    assert not any(s.failed for s in result.sessions), [s for s in result.sessions if s.failed]
+    assert sum(s.complete for s in result.sessions) >= 1
+    assert all(r.error is None or "HTTP 4" not in r.error for r in result.requests)
+
+    assert fleet.restart_dead() == [1]  # started again on its port: the router's health poll lets it back in
+    _wait(lambda: httpx.get(f"{fleet.url}/readiness", timeout=10).json().get("healthy_workers") == 2)
+    before = _metric(victim.url, "vllm:request_success_total")
+    _complete(victim.url, [1, 2, 3])
+    assert _metric(victim.url, "vllm:request_success_total") == before + 1
+    # bench's /metrics behind the router: both replicas' counters, summed
+    merged = asyncio.run(_fetch(fleet.url))
+    parts = [_metric(r.url, "vllm:prompt_tokens_total") for r in fleet.replicas]
+    assert sum(v for k, v in merged.items() if k.split("{")[0] == "vllm:prompt_tokens_total") >= sum(parts)
+
+
+async def _fetch(url: str) -> dict[str, float]:
+    async with httpx.AsyncClient() as http:
+        return await fetch_metrics(http, url)
