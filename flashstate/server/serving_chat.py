@@ -9,6 +9,7 @@ The reply's message: the generated text as `content`, or, with tools or a reason
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
@@ -35,6 +36,7 @@ from flashstate.server.serving_engine import (
 )
 from flashstate.tokenizer import ChatTemplateError, Tokenizer, load_chat_template, message_positions
 
+logger = logging.getLogger("flashstate.server")
 _RESERVED_KWARGS = {"messages", "tools", "add_generation_prompt"}
 
 
@@ -79,6 +81,19 @@ class OpenAIServingChat(OpenAIServing):
         """The remembered outputs a request without a cache salt or tenant splices from (/tokenize,
         count_tokens: they carry neither), or None where every request has a tenant."""
         return None if self.config.api_key_cache_isolation else self.generated
+
+    def _remember_streamed(
+        self, scope: str | None, out: RequestOutput, plan: OutputPlan, prompt: str
+    ) -> None:
+        """A streamed choice's reply, its message read as a non-streamed reply reads it. Best effort: the
+        stream has been answered already, so a parser that refuses the whole text only loses the splice."""
+        whole = plan.parser(prompt, streamed=False)
+        try:
+            message = {"content": out.text} if whole is None else whole.message(out.text)
+        except Exception:  # noqa: BLE001 — the reply was sent; only the remembering is skipped
+            logger.debug("reply of a streamed chat not remembered for splicing", exc_info=True)
+            return
+        self._remember(scope, out, message)
 
     def _remember(self, scope: str | None, out: RequestOutput, message: dict[str, Any]) -> None:
         """A finished choice's texts an agent re-sends (its text, content, call arguments) → its ids."""
@@ -173,10 +188,8 @@ class OpenAIServingChat(OpenAIServing):
                     latest[i] = out
                     if (c := delta(i, out)) is not None:
                         yield c
-                    if out.finished:  # the whole reply as a non-streamed one reads it
-                        whole = plan.parser(prompt, streamed=False)
-                        message = {"content": out.text} if whole is None else whole.message(out.text)
-                        self._remember(scope, out, message)
+                    if out.finished:
+                        self._remember_streamed(scope, out, plan, prompt)
             if req.include_usage:
                 yield {**head, "choices": [], "usage": _usage(latest)}
         finally:
