@@ -50,6 +50,7 @@ class FakeServer:
     token_delay_s: float = 0.0
     first_token_delay_s: float = 0.0
     fail: Any = None  # callable(body) -> bool: answer 500
+    cut: Any = None  # callable(body) -> bool: end the stream after one token, no [DONE] (a dead replica)
     seen: list[Seen] = field(default_factory=list)
     prompts: list[list[int]] = field(default_factory=list)
     sequences: list[list[int]] = field(default_factory=list)  # prompt + output
@@ -158,6 +159,9 @@ class FakeServer:
                 choice["token_ids"] = [tok]
             writer.write(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())
             await writer.drain()
+            if self.cut is not None and self.cut(body):
+                seen.t_done = time.perf_counter()
+                return
             if self.token_delay_s:
                 await asyncio.sleep(self.token_delay_s)
         usage = {
