@@ -17,6 +17,7 @@ Eviction = Literal["gds", "lru"]
 HostCache = Literal["memory", "mooncake"]
 PrefillOrder = Literal["fifo", "arrivals-first"]
 SchedulingPolicy = Literal["fcfs", "priority"]
+PreemptionMode = Literal["recompute", "checkpoint"]
 UvicornLogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
 CheckpointPlacement = Literal["asc", "aligned"]
 KvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]  # vLLM's names; fp8 is fp8_e4m3
@@ -115,6 +116,29 @@ class EngineConfig:
         "fcfs",
         "fcfs: requests wait in arrival order; priority: by their `priority` (lower first, vLLM's), then "
         "arrival, and a lower-priority running request is preempted first",
+    )
+    memory_admission: bool | None = _engine(
+        None,
+        "admit a request only when the running requests, grown to their expected lengths, fit beside "
+        "--admission-cache-reserve of the cache; mostly-cached prompts first, aged ones never passed over",
+        shown="on for --cache-policy flashstate; off (the baselines' schedulers) for vllm and sglang",
+    )
+    admission_expected_output_tokens: int = _engine(
+        2048,
+        "memory admission: the output length expected of a request (its max_tokens if smaller)",
+        size=True,
+    )
+    admission_cache_reserve: float = _engine(
+        0.25, "memory admission: the fraction of the cache the running requests leave to cached prefixes"
+    )
+    max_queue_wait_seconds: float = _engine(
+        60.0, "memory admission: a request queued this long goes first and is never passed over"
+    )
+    preemption_mode: PreemptionMode | None = _engine(
+        None,
+        "recompute: a preempted request keeps nothing and resumes from its prefix hit; checkpoint: its "
+        "state at the preemption point stays as a cache unit (priced like any other), which it resumes from",
+        shown="checkpoint for --cache-policy flashstate, else recompute",
     )
     max_logprobs: int = _engine(20, "most logprobs (top_logprobs) a request may ask for per token")
     block_size: int = _engine(16, "tokens per KV block")
@@ -356,6 +380,7 @@ class EngineConfig:
             "max_model_len",
             "max_num_seqs",
             "max_num_batched_tokens",
+            "admission_expected_output_tokens",
             "block_size",
             "kv_cache_memory_bytes",
             "cpu_cache_memory_bytes",
@@ -394,6 +419,10 @@ class EngineConfig:
             len(self.prefill_cost_coefficients) != 2 or min(self.prefill_cost_coefficients) < 0
         ):
             raise ValueError("prefill_cost_coefficients must be two non-negative numbers A B")
+        if not 0 <= self.admission_cache_reserve < 1:
+            raise ValueError(f"admission_cache_reserve must be in [0, 1), got {self.admission_cache_reserve}")
+        if not self.max_queue_wait_seconds >= 0:
+            raise ValueError(f"max_queue_wait_seconds must be >= 0, got {self.max_queue_wait_seconds}")
         if self.prefix_cache_leaf_idle_seconds < 0:
             raise ValueError("prefix_cache_leaf_idle_seconds must be >= 0")
         for name in (

@@ -38,6 +38,7 @@ class RequestStats:
     finished_time: float | None = None
     prefill_seconds: float = 0.0  # model time spent on this request's prompt chunks
     num_preemptions: int = 0
+    num_resumed_tokens: int = 0  # tokens restored at its last re-admission after a preemption
     cache_counted: bool = False  # the prefix-cache lookup is in the cache's counters
 
     def admit(self, now: float) -> None:

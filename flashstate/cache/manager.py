@@ -9,6 +9,7 @@ Verbs:
     commit_export(...)    after the step: the exported state becomes a checkpoint in the tree
     release(seq, commit)  at request end the frontier checkpoint is committed (policy permitting),
                           then every block reference and the working slot are returned
+    preempt(seq)          release a preempted sequence, its state at its position kept as a checkpoint
 
 Host tier hooks (cache/host/, optional): `admit` starts a restore from the host when the host holds a
 deeper state than the GPU tree (the sequence then waits in `seq.restore`, holding its slot and blocks,
@@ -133,6 +134,13 @@ class CacheManager:
         seq.export_plan = self.policy.plan_exports(seq, match)
         return True
 
+    def cached_depth(self, seq: Sequence) -> int:
+        """The depth `admit` would restore from the GPU tree now (the vLLM page pool not asked); takes
+        nothing and stamps nothing."""
+        if not self.enabled or self.pages is not None:
+            return 0
+        return self.tree.match(seq.token_ids, limit=len(seq.token_ids) - 1, salt=seq.cache_salt).depth
+
     def _match(self, seq: Sequence) -> Match | None:
         if self.pages is None:
             return self.tree.match(seq.token_ids, limit=len(seq.token_ids) - 1, salt=seq.cache_salt)
@@ -207,6 +215,13 @@ class CacheManager:
             return free
         return min(free, (self.byte_budget - self.charged_bytes) // self.policy.bytes_per_block)
 
+    @property
+    def kv_capacity_blocks(self) -> int:
+        """The most KV blocks running sequences could hold with every cache unit evicted."""
+        if self.byte_budget is None or not self.enabled:
+            return self.block_pool.num_blocks
+        return min(self.block_pool.num_blocks, self.byte_budget // self.policy.bytes_per_block)
+
     def _chargeable(self, blocks: int, slots: int) -> bool:
         if self.byte_budget is None or not self.enabled:
             return True
@@ -276,6 +291,26 @@ class CacheManager:
             self.state_pool.free(seq.state_slot)
             seq.state_slot = None
 
+    def preempt(self, seq: Sequence) -> bool:
+        """Release a preempted running sequence, leaving its hybrid state at its position as a cache unit:
+        its working slot (the state after token num_computed_tokens - 1) becomes a checkpoint at that depth
+        over its KV blocks, admitted and priced like any checkpoint (and written back to the host tier like
+        a request's end), so its re-admission resumes there as a prefix hit. True when the unit was kept;
+        False (everything released, nothing kept) without a prefix cache, with the vLLM page pool, with
+        nothing computed, or when the admission rule refused the unit."""
+        depth = seq.num_computed_tokens
+        if not self.enabled or self.pages is not None or not depth or seq.state_slot is None:
+            self.release(seq, commit=False)
+            return False
+        if self.host is not None:
+            self.host.write_back(
+                seq.token_ids, depth, seq.block_table, seq.state_slot, seq.host_chain, salt=seq.cache_salt
+            )
+        slot, seq.state_slot = seq.state_slot, None
+        kept = self._insert_checkpoint(seq, depth, slot, frontier=True)
+        self.release(seq, commit=False)
+        return kept
+
     def reset(self) -> int:
         """Evict every checkpoint no running sequence holds (vLLM's reset_prefix_cache); returns how many."""
         n = 0
@@ -329,17 +364,19 @@ class CacheManager:
 
     # ---- the tree -------------------------------------------------------------------------------
 
-    def _insert_checkpoint(self, seq: Sequence, depth: int, slot: int, frontier: bool) -> None:
+    def _insert_checkpoint(self, seq: Sequence, depth: int, slot: int, frontier: bool) -> bool:
+        """Put the state in `slot` into the tree at `depth` of `seq`'s tokens; True when a checkpoint holds
+        it there now (this one, or one already there)."""
         now = self.clock()
         if self.pages is not None and not self.pages.holds_state(seq.token_ids, depth, seq.cache_salt):
             self.state_pool.free(slot)  # already evicted from the emulated pool
-            return
+            return False
         node, _ = self.tree.insert(seq.token_ids, seq.block_table, depth, seq.cache_salt)
         if node.slot is not None:  # already checkpointed (another request got here first)
             self.state_pool.free(slot)
             node.frontier |= frontier
             self._stamp(node, now)
-            return
+            return True
         node.slot, node.frontier = slot, frontier
         self.index.slot_changed(node)
         self.num_checkpoints += 1
@@ -349,9 +386,11 @@ class CacheManager:
             if victim is None or self._key(node, now) < self._key(victim, now):
                 self.stats.admissions_refused += 1
                 self._evict(node, "refused")
-                break
+                self._update_gauges()
+                return False
             self._evict(victim, "capacity_state")
         self._update_gauges()
+        return True
 
     def _key(self, node: Node, now: float) -> tuple[bool, float]:
         return self.policy.unit_key(self.tree, node, now)

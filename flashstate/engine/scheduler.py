@@ -17,6 +17,13 @@ A sequence whose admission starts a host-tier restore waits in `restoring` (hold
 counted in `max_num_seqs`, never preempted) while the others run; each step first polls the restores:
 a finished one joins `running` at the host depth, a failed one goes back to the head of the queue.
 
+With memory admission (engine/admission.py; the `flashstate` policy's default) step 2 admits in that
+module's order only what fits beside the running set's expected footprint, and with checkpoint preemption
+(`preemption_mode` "checkpoint", flashstate's default) a preempted sequence leaves its state at its position
+as a cache unit it resumes from (CacheManager.preempt); a running set grown past its share preempts so
+before its next blocks would evict cached units (`_overgrown`). The `vllm` and `sglang` policies keep the
+rules above unchanged.
+
 With `scheduling_policy` "priority" (vLLM's) the waiting queue is ordered by (priority, arrival), lower
 first, preempted sequences included, and the preemption victim is the running sequence last in that order.
 
@@ -38,8 +45,43 @@ from dataclasses import dataclass, field
 from flashstate.cache.host.restore import wait_any
 from flashstate.cache.manager import CacheManager
 from flashstate.config import EngineConfig
+from flashstate.engine.admission import MemoryAdmission
 from flashstate.engine.output.stop_checker import Finish
 from flashstate.sequence import Sequence, SequenceStatus
+
+
+def memory_admission(config: EngineConfig, max_model_len: int) -> MemoryAdmission | None:
+    """The config's memory admission: on by default for flashstate's own policy; the policies that stand
+    for other engines keep their schedulers (slots and blocks only)."""
+    on = config.memory_admission
+    if on is None:
+        on = config.cache_policy == "flashstate"
+    if not on:
+        return None
+    return MemoryAdmission(
+        config.admission_expected_output_tokens,
+        config.admission_cache_reserve,
+        config.max_queue_wait_seconds,
+        max_model_len,
+    )
+
+
+def preemption_mode(config: EngineConfig) -> str:
+    """The config's preemption mode; by default checkpoint for flashstate's own policy, recompute (what vLLM
+    and SGLang do) for the policies that stand for them."""
+    if config.preemption_mode is not None:
+        return config.preemption_mode
+    return "checkpoint" if config.cache_policy == "flashstate" else "recompute"
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    """Counters of the scheduler's overload handling (cumulative)."""
+
+    preemptions_recompute: int = 0  # preempted with nothing kept: recomputed from its prefix hit
+    preemptions_checkpoint: int = 0  # preempted into a checkpoint at its position: resumes from it
+    admission_blocked: int = 0  # steps an aged request did not fit and held admission back
+    max_queue_wait: float = 0.0  # longest arrival-to-first-admission wait so far (seconds, the cache's clock)
 
 
 def prefill_order(config: EngineConfig) -> str:
@@ -85,6 +127,8 @@ class Scheduler:
         long_prefill_token_threshold: int = 0,
         arrivals_first: bool = False,
         by_priority: bool = False,
+        admission: MemoryAdmission | None = None,
+        preempt_checkpoint: bool = False,
     ):
         self.cache = cache
         self.by_priority = by_priority
@@ -98,6 +142,10 @@ class Scheduler:
         self.restoring: list[Sequence] = []
         self._suspects = False  # a requeued suspect may still be waiting or running (see _isolated)
         self.failed: list[Sequence] = []  # refused by schedule() (finished, "error"): the engine reports them
+        self.admission = admission
+        self.preempt_checkpoint = preempt_checkpoint
+        self._hits: dict[int, int] = {}  # id(waiting seq) -> its cached depth when queued (admission order)
+        self.stats = SchedulerStats()
 
     @classmethod
     def from_config(cls, cache: CacheManager, config: EngineConfig, max_model_len: int) -> Scheduler:
@@ -109,6 +157,8 @@ class Scheduler:
             config.long_prefill_token_threshold,
             prefill_order(config) == "arrivals-first",
             config.scheduling_policy == "priority",
+            memory_admission(config, max_model_len),
+            preemption_mode(config) == "checkpoint",
         )
 
     @property
@@ -121,6 +171,11 @@ class Scheduler:
             self._insert_by_priority(seq)
         else:
             self.waiting.append(seq)
+        self._queued(seq)
+
+    def _queued(self, seq: Sequence) -> None:
+        if self.admission is not None:
+            self._hits[id(seq)] = self.cache.cached_depth(seq)
 
     def _insert_by_priority(self, seq: Sequence) -> None:
         """Into the waiting queue, which is in (priority, arrival) order: after every sequence not later."""
@@ -136,6 +191,7 @@ class Scheduler:
             self._insert_by_priority(seq)
         else:
             self.waiting.appendleft(seq)
+        self._queued(seq)
 
     def check(self, seq: Sequence) -> None:
         """Raise RequestTooLargeError if `seq` can never run (reads only fixed sizes: any thread may ask)."""
@@ -171,6 +227,14 @@ class Scheduler:
                 deferred.append(seq)
                 continue
             n = self._chunk(seq, budget)
+            while self._overgrown(seq, n):
+                victim = self._victim(batch)
+                self._preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
             while not self.cache.allocate(seq, n):
                 victim = self._victim(batch)
                 self._preempt(victim)
@@ -180,45 +244,23 @@ class Scheduler:
             else:
                 batch.add(seq, n, self.cache.exports(seq, n))
                 budget -= n
-        while (
-            self.waiting
-            and budget > 0
-            and not preempted
-            and len(self.running) + len(self.restoring) < self.max_num_seqs
-        ):
-            seq = self.waiting[0]
-            if only is not None and seq is not only:
-                break
-            admitting = self.cache.clock()  # before admit(): an inline restore is fetched inside it
-            placed = self._place(seq, budget)
-            if not placed and not self.running and not self.restoring:
-                # Nothing will free memory for it: take no hit, and refuse it if even that cannot fit.
-                placed = self._place(seq, budget, miss=True)
-                if not placed:
-                    self.waiting.popleft()
-                    self._refuse(seq, "the cache cannot hold this request even with nothing else running")
-                    continue
-            if not placed:
-                break
-            n = self._chunk(seq, budget)
-            if seq.restore is not None:
-                self.waiting.popleft()
-                seq.stats.admit(admitting)
-                seq.status = SequenceStatus.RESTORING
-                self.restoring.append(seq)
-                if seq.restore.inline:  # fetched already: the restored sequence takes budget in this step
-                    self._poll_restore(seq)
-                    if seq.status is SequenceStatus.RUNNING:
-                        deferred.append(seq)
-                continue
-            self.waiting.popleft()
-            seq.stats.running_time = self.cache.clock()
-            seq.stats.admit(seq.stats.running_time)
-            self.cache.record_admission(seq)
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            batch.add(seq, n, self.cache.exports(seq, n))
-            budget -= n
+        if self.admission is not None:
+            if not preempted:
+                budget = self._admit_by_memory(batch, budget, only, deferred)
+        else:
+            while (
+                self.waiting
+                and budget > 0
+                and not preempted
+                and len(self.running) + len(self.restoring) < self.max_num_seqs
+            ):
+                seq = self.waiting[0]
+                if only is not None and seq is not only:
+                    break
+                left = self._try_admit(seq, budget, batch, deferred)
+                if left is None:
+                    break
+                budget = left
         for seq in sorted(deferred, key=lambda s: s.num_uncomputed):
             if only is not None and seq is not only:
                 continue
@@ -231,6 +273,113 @@ class Scheduler:
         if not batch.seqs and self.restoring:  # nothing else to run: wait for a restore, not spin
             wait_any([s.restore for s in self.restoring], timeout=0.05)
         return batch
+
+    def _try_admit(
+        self, seq: Sequence, budget: int, batch: ScheduledBatch, deferred: list[Sequence]
+    ) -> int | None:
+        """Admit the waiting `seq`: into `batch` with its first chunk, or into `restoring`; returns the budget
+        left. Refused (and out of the queue) when nothing else holds memory and even a miss cannot be
+        placed. None: it could not be placed now and holds nothing."""
+        admitting = self.cache.clock()  # before admit(): an inline restore is fetched inside it
+        if seq.stats.first_admitted_time is None:
+            self.stats.max_queue_wait = max(self.stats.max_queue_wait, admitting - seq.stats.arrival_time)
+        placed = self._place(seq, budget)
+        if not placed and not self.running and not self.restoring:
+            # Nothing will free memory for it: take no hit, and refuse it if even that cannot fit.
+            placed = self._place(seq, budget, miss=True)
+            if not placed:
+                self._leave_queue(seq)
+                self._refuse(seq, "the cache cannot hold this request even with nothing else running")
+                return budget
+        if not placed:
+            return None
+        self._leave_queue(seq)
+        if seq.stats.cache_counted:  # re-admitted after a preemption: what it resumed from
+            seq.stats.num_resumed_tokens = seq.num_computed_tokens
+        n = self._chunk(seq, budget)
+        if seq.restore is not None:
+            seq.stats.admit(admitting)
+            seq.status = SequenceStatus.RESTORING
+            self.restoring.append(seq)
+            if seq.restore.inline:  # fetched already: the restored sequence takes budget in this step
+                self._poll_restore(seq)
+                if seq.status is SequenceStatus.RUNNING:
+                    deferred.append(seq)
+            return budget
+        seq.stats.running_time = self.cache.clock()
+        seq.stats.admit(seq.stats.running_time)
+        self.cache.record_admission(seq)
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+        batch.add(seq, n, self.cache.exports(seq, n))
+        return budget - n
+
+    def _admit_by_memory(
+        self, batch: ScheduledBatch, budget: int, only: Sequence | None, deferred: list[Sequence]
+    ) -> int:
+        """Admission under `MemoryAdmission` (engine/admission.py): in its order, each waiting sequence
+        whose expected footprint fits beside the running set's; returns the budget left."""
+        adm = self.admission
+        now = self.cache.clock()
+        if only is not None:  # a suspect at the head runs alone; one running admits nothing
+            order = [only] if self.waiting and self.waiting[0] is only else []
+        else:
+            order = adm.order(list(self.waiting), now, self._hits, self.by_priority)
+        used = sum(adm.footprint(self.cache, s) for s in self.running + self.restoring)
+        limit = adm.limit(self.cache)
+        for seq in order:
+            if budget <= 0 or len(self.running) + len(self.restoring) >= self.max_num_seqs:
+                break
+            need = adm.footprint(self.cache, seq)
+            if (self.running or self.restoring) and used + need > limit:
+                if adm.aged(seq, now):
+                    self.stats.admission_blocked += 1
+                    break  # never passed over: the running set drains until it fits
+                continue
+            left = self._try_admit(seq, budget, batch, deferred)
+            if left is None:
+                break
+            budget = left
+            if not seq.is_finished:
+                used += need
+        return budget
+
+    def _overgrown(self, seq: Sequence, n: int) -> bool:
+        """Under memory admission with checkpoint preemption: `seq`'s next `n` tokens would evict cached units
+        while the running set holds more than its share (it outgrew its expected lengths). Then a running
+        sequence is preempted into a checkpoint first, so its state competes with the cached units for the
+        memory (by the cache's priority) instead of the cached ones going unasked."""
+        return self._overgrown_by([seq], n)
+
+    def _overgrown_by(self, seqs: list[Sequence], n: int) -> bool:
+        """`_overgrown` for the next `n` tokens of every one of `seqs` together."""
+        if self.admission is None or not self.preempt_checkpoint or len(self.running) < 2:
+            return False
+        blocks_for = self.cache.block_pool.blocks_for
+        need = sum(max(blocks_for(s.num_computed_tokens + n) - len(s.block_table), 0) for s in seqs)
+        if need <= self.cache.num_free_blocks:
+            return False
+        held = sum(len(s.block_table) for s in self.running + self.restoring)
+        return held > self.admission.limit(self.cache)
+
+    def admission_blocked(self) -> bool:
+        """No waiting sequence could be admitted by the next `schedule()` with the running set as it is
+        (`max_num_seqs` reached, or none fits beside it under memory admission), and none would be while
+        the running sequences only decode: their footprints never shrink."""
+        if not self.waiting:
+            return True
+        if len(self.running) + len(self.restoring) >= self.max_num_seqs:
+            return True
+        if self.admission is None or not (self.running or self.restoring) or self._suspects:
+            return False
+        adm = self.admission
+        used = sum(adm.footprint(self.cache, s) for s in self.running + self.restoring)
+        limit = adm.limit(self.cache)
+        return all(used + adm.footprint(self.cache, s) > limit for s in self.waiting)
+
+    def _leave_queue(self, seq: Sequence) -> None:
+        self.waiting.remove(seq)
+        self._hits.pop(id(seq), None)
 
     def _place(self, seq: Sequence, budget: int, miss: bool = False) -> bool:
         """Admit `seq` into the cache (its slot, its prefix hit or a host restore; no hit with `miss`) with
@@ -336,8 +485,15 @@ class Scheduler:
         return max(need, 0)
 
     def _preempt(self, seq: Sequence, count: bool = True) -> None:
+        """Back to the queue with nothing held: into a checkpoint at its position (`preempt_checkpoint`,
+        the cache permitting), which its re-admission hits, else recomputed from its prefix hit. `count`
+        off (a failed step's sequence, whose state may be half-written): nothing kept, nothing counted."""
         self.running.remove(seq)
-        self.cache.release(seq, commit=False)
+        if count and self.preempt_checkpoint and self.cache.preempt(seq):
+            self.stats.preemptions_checkpoint += 1
+        else:
+            self.cache.release(seq, commit=False)
+            self.stats.preemptions_recompute += count
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         seq.stats.num_preemptions += count
@@ -391,7 +547,9 @@ class Scheduler:
     def reserve_decode(self, seqs: list[Sequence], num_tokens: int) -> bool:
         """KV blocks for `num_tokens` more tokens of each sequence, without preempting (a decode launched
         ahead of the step before it); False when the cache is short (blocks already taken stay: the next
-        `schedule()` needs them)."""
+        `schedule()` needs them), or when one would have to preempt a sequence into a checkpoint first."""
+        if self._overgrown_by(seqs, num_tokens):
+            return False
         return all(self.cache.allocate(seq, num_tokens) for seq in seqs)
 
     def finish(self, seq: Sequence, reason: str) -> None:
@@ -401,7 +559,7 @@ class Scheduler:
         elif seq.status is SequenceStatus.RESTORING:
             self.restoring.remove(seq)
         elif seq.status is SequenceStatus.WAITING:
-            self.waiting.remove(seq)
+            self._leave_queue(seq)
         else:
             return
         self.cache.release(seq, commit=reason not in ("abort", "error"))

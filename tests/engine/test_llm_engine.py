@@ -52,6 +52,7 @@ def test_batched_chunked_preempted_outputs_equal_each_request_alone(tiny_model_d
         max_num_seqs=6,
         block_size=block_size,
         enable_prefix_caching=False,
+        memory_admission=False,  # all six admitted on their first chunks: their growth must preempt
         # 48 blocks = 192 tokens for 6 running sequences of up to 82 tokens: preemption must happen.
         kv_cache_memory_bytes=_budget(tiny_model_dir, 6, 48, block_size),
     )

@@ -1,0 +1,65 @@
+"""Memory admission (the `flashstate` policy's scheduler): keep the running set inside memory under overload.
+
+The running set's *footprint* is the KV blocks its sequences would hold at their expected lengths:
+
+    expected_len(s) = max(num_prompt_tokens + min(max_tokens, expected_output_tokens), len(token_ids) + 1)
+
+capped at max_model_len. A waiting sequence is admitted only when the footprint with it stays within the
+running share of the cache, (1 − cache_reserve) × the blocks the cache could give, so the running set
+grows into what it was admitted for without preempting, and the reserve stays for cached units (the
+resume points of the sessions not running). When nothing runs the candidate is admitted whatever its size
+(the scheduler's liveness rule).
+
+Order of the waiting queue (`order`): a sequence that has waited `max_wait_seconds` or more is *aged*;
+aged ones go first, in queue order, and an aged one that does not fit is never passed over (admission
+stops until the running set drains enough). Among the others, those whose prompt is mostly cached (hit
+depth ≥ half the prompt: a short prefill that frees its place fast) go before the rest, then queue order;
+a non-aged one that does not fit is passed over. So every sequence waits at most `max_wait_seconds` plus
+the time the running set takes to make room for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flashstate.cache.manager import CacheManager
+from flashstate.sequence import Sequence
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryAdmission:
+    expected_output_tokens: int
+    cache_reserve: float  # fraction of the cache the running set leaves to cached units
+    max_wait_seconds: float
+    max_model_len: int
+
+    def expected_len(self, seq: Sequence) -> int:
+        out = seq.params.max_tokens
+        out = self.expected_output_tokens if out is None else min(out, self.expected_output_tokens)
+        return min(max(seq.num_prompt_tokens + out, len(seq.token_ids) + 1), self.max_model_len)
+
+    def footprint(self, cache: CacheManager, seq: Sequence) -> int:
+        """KV blocks `seq` holds at its expected length."""
+        return cache.block_pool.blocks_for(self.expected_len(seq))
+
+    def limit(self, cache: CacheManager) -> int:
+        """Blocks the running set may grow into."""
+        reserve = self.cache_reserve if cache.enabled else 0.0
+        return int(cache.kv_capacity_blocks * (1.0 - reserve))
+
+    def aged(self, seq: Sequence, now: float) -> bool:
+        return now - seq.stats.arrival_time >= self.max_wait_seconds
+
+    def order(
+        self, waiting: list[Sequence], now: float, hit: dict[int, int], by_priority: bool
+    ) -> list[Sequence]:
+        """`waiting` (in queue order) in the order admission tries it; `hit`: each one's cached depth."""
+
+        def key(item: tuple[int, Sequence]) -> tuple:
+            i, seq = item
+            aged = self.aged(seq, now)
+            prio = seq.priority if by_priority else 0
+            cached = 2 * hit.get(id(seq), 0) >= seq.num_prompt_tokens
+            return (not aged, prio, aged or not cached, i)
+
+        return [seq for _, seq in sorted(enumerate(waiting), key=key)]
