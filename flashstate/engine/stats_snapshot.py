@@ -33,6 +33,11 @@ class HostSnapshot:
 class EngineStats:
     running: int = 0
     waiting: int = 0
+    restoring: int = 0
+    oldest_wait_seconds: float = 0.0  # how long the longest-waiting queued request has waited (at the step)
+    preemptions_recompute: int = 0  # cumulative, by kind (Scheduler.stats)
+    preemptions_checkpoint: int = 0
+    admission_blocked: int = 0
     kv_blocks_total: int = 0
     kv_blocks_free: int = 0
     state_slots_total: int = 0
@@ -61,9 +66,17 @@ def host_snapshot(host: HostTier) -> HostSnapshot:
 def snapshot(scheduler: Scheduler, cache: CacheManager) -> EngineStats:
     blocks, slots = cache.block_pool, cache.state_pool
     policy = cache.policy
+    now = cache.clock()
+    oldest = min((seq.stats.arrival_time for seq in scheduler.waiting), default=now)
+    sched = scheduler.stats
     return EngineStats(
         running=len(scheduler.running),
         waiting=len(scheduler.waiting),
+        restoring=len(scheduler.restoring),
+        oldest_wait_seconds=max(now - oldest, 0.0),
+        preemptions_recompute=sched.preemptions_recompute,
+        preemptions_checkpoint=sched.preemptions_checkpoint,
+        admission_blocked=sched.admission_blocked,
         kv_blocks_total=blocks.num_blocks,
         kv_blocks_free=blocks.num_free,
         state_slots_total=slots.num_slots,

@@ -25,8 +25,10 @@ class APIError(Exception):
         code: str | None = None,
         param: str | None = None,
         type: str | None = None,  # noqa: A002 — the OpenAI field's name
+        headers: dict[str, str] | None = None,
     ):
         super().__init__(message)
+        self.headers = headers
         self.status = status
         self.message = message
         self.code = code
@@ -42,7 +44,9 @@ class APIError(Exception):
         return {"type": "error", "error": {"type": kind, "message": self.message}}
 
     def response(self, anthropic: bool = False) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if self.status == HTTPStatus.UNAUTHORIZED else None
+        headers = dict(self.headers or {})
+        if self.status == HTTPStatus.UNAUTHORIZED:
+            headers["WWW-Authenticate"] = "Bearer"
         body = self.anthropic_body() if anthropic else self.body()
         return JSONResponse(body, status_code=self.status, headers=headers)
 

@@ -12,8 +12,10 @@ Names that dashboards built for vLLM read (`vllm:`), each labelled `model_name`:
     vllm:request_time_per_output_token_seconds, vllm:request_prompt_tokens, vllm:request_generation_tokens
                                                                                        histograms
     vllm:cache_config_info                                                             labels only
-Ours (`flashstate:`): prefix-cache requests and request hits, uncached tokens, checkpoints held and their
-bytes, evictions by reason, refused admissions, host-tier hits, the prefill cost coefficients a and b in use
+Ours (`flashstate:`): requests restoring from the host tier, the oldest queued request's wait, preemptions
+by kind (recompute, checkpoint), steps an aged request held admission back; prefix-cache requests and
+request hits, uncached tokens, checkpoints held and their bytes, evictions by reason, refused admissions,
+host-tier hits, the prefill cost coefficients a and b in use
 (`flashstate:prefill_cost_coefficient{term}`), pool sizes and free counts, aborted and rejected requests,
 on CUDA the caching allocator's retries; with a host tier (`flashstate:host_cache_*`): states and bytes
 written, skipped write-backs, restored tokens, misses by reason (dropped by the store, corrupt), evictions,
@@ -126,6 +128,31 @@ class _EngineCollector(Collector):
 
         yield gauge("vllm:num_requests_running", "Requests in the running batch.", s.running)
         yield gauge("vllm:num_requests_waiting", "Requests waiting to run.", s.waiting)
+        yield gauge(
+            "flashstate:num_requests_restoring",
+            "Requests admitted, their state on the way from the host tier.",
+            s.restoring,
+        )
+        yield gauge(
+            "flashstate:queue_oldest_wait_seconds",
+            "How long the longest-waiting queued request has waited, at the last engine step.",
+            s.oldest_wait_seconds,
+        )
+        preemptions = CounterMetricFamily(
+            "flashstate:preemptions",
+            "Running requests preempted, by kind (recompute: nothing kept; checkpoint: its state kept as a "
+            "cache unit it resumes from).",
+            labels=["model_name", "kind"],
+        )
+        preemptions.add_metric([*m, "recompute"], s.preemptions_recompute)
+        preemptions.add_metric([*m, "checkpoint"], s.preemptions_checkpoint)
+        yield preemptions
+        yield counter(
+            "flashstate:admission_blocked",
+            "Steps in which an aged queued request did not fit beside the running set and held admission "
+            "back.",
+            s.admission_blocked,
+        )
         yield gauge(
             "vllm:kv_cache_usage_perc",
             "Fraction of KV blocks not free.",

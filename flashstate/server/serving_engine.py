@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import uuid
 from collections.abc import AsyncIterator, Awaitable
 from http import HTTPStatus
@@ -117,10 +118,13 @@ class OpenAIServing:
         bound = self.config.max_waiting_requests
         if waiting + n > bound:
             self.metrics.rejected.labels(self.model_name, "overload").inc()
+            # a request sent now would wait about as long as the oldest queued one has
+            retry = max(1, math.ceil(self.engine.engine.stats.oldest_wait_seconds))
             raise APIError(
                 HTTPStatus.SERVICE_UNAVAILABLE,
                 f"The server is overloaded: {waiting} requests are waiting (limit {bound}). Retry later.",
                 code="overloaded",
+                headers={"Retry-After": str(retry)},
             )
 
     async def generate(

@@ -105,6 +105,10 @@ def _stats(engine: SimEngine) -> dict[str, Any]:
         "uncached_tokens": s.uncached_tokens,
         "admissions_refused": s.admissions_refused,
         "evictions": dict(s.evictions),
+        "preemptions_recompute": engine.scheduler.stats.preemptions_recompute,
+        "preemptions_checkpoint": engine.scheduler.stats.preemptions_checkpoint,
+        "admission_blocked": engine.scheduler.stats.admission_blocked,
+        "max_queue_wait_s": engine.scheduler.stats.max_queue_wait,
     } | (
         {}
         if engine.host is None

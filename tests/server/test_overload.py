@@ -73,7 +73,7 @@ def test_overload_gets_503_and_waiting_disconnects_free(server):
                 asyncio.create_task(client.completions.create(model=NAME, prompt=f"wait {i}", **LONG))
                 for i in range(2)
             ]
-            await asyncio.to_thread(server.wait_metrics, lambda m: m["vllm:num_requests_waiting"] == 2)
+            busy = await asyncio.to_thread(server.wait_metrics, lambda m: m["vllm:num_requests_waiting"] == 2)
             with pytest.raises(openai.APIStatusError) as refused:
                 await client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "x"}])
             for task in waiting:
@@ -82,12 +82,16 @@ def test_overload_gets_503_and_waiting_disconnects_free(server):
             await asyncio.to_thread(server.wait_metrics, lambda m: m["vllm:num_requests_waiting"] == 0)
             still = server.metrics()["vllm:num_requests_running"]
             await running.close()
-            return first, refused.value, still
+            return first, refused.value, still, busy
 
-    first, refused, still_running = asyncio.run(main())
+    first, refused, still_running, busy = asyncio.run(main())
     assert first.choices[0].index == 0
     assert_error(refused.status_code, refused.body and {"error": refused.body}, 503, "overloaded")
     assert "overloaded" in refused.message
+    assert int(refused.response.headers["retry-after"]) >= 1
+    assert busy["flashstate:queue_oldest_wait_seconds"] > 0
+    assert busy["flashstate:preemptions_total{kind=checkpoint}"] == 0
+    assert "flashstate:preemptions_total{kind=recompute}" in busy
     assert still_running == 1  # cancelling the waiting ones left the running one alone
     m = server.wait_metrics(idle)
     assert m["flashstate:requests_rejected_total{reason=overload}"] == 1
