@@ -36,10 +36,10 @@ import torch
 from flashstate.bench.config import ReplayConfig
 from flashstate.bench.cost import Prices
 from flashstate.bench.report import build_result
-from flashstate.bench.working_set import working_set
 from flashstate.bench.workloads import load_workload
 from flashstate.sim.command import engine_config, simulate
 from flashstate.sim.profile import load_profile
+from flashstate.sim.working_set import working_set
 from flashstate.spec.hf_config import spec_of
 
 POLICIES = ("flashstate", "vllm", "sglang", "none")

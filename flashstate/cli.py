@@ -1,5 +1,6 @@
 """`flashstate` command line: serve (the OpenAI-compatible server), calibrate, bench, demo, simulate,
-fit-profile (a simulator profile from measured steps), mooncake-master (a Mooncake store master for
+fit-profile (a simulator profile from measured steps), working-set (the cache bytes agents replaying a
+trace set hold), mooncake-master (a Mooncake store master for
 the host tier), and fleet (replicas behind a router)."""
 
 from __future__ import annotations
@@ -62,11 +63,13 @@ def _parser() -> argparse.ArgumentParser:
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     from flashstate.bench.cli_args import add_bench_parser, add_demo_parser
     from flashstate.sim.cli_args import add_fit_profile_parser, add_simulate_parser
+    from flashstate.sim.working_set import add_working_set_parser
 
     add_bench_parser(sub)
     add_demo_parser(sub)
     add_simulate_parser(sub)
     add_fit_profile_parser(sub)
+    add_working_set_parser(sub)
 
 
 def _resolve(args: argparse.Namespace) -> EngineConfig:
@@ -101,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
         from flashstate.sim.command import run_fit_profile
 
         return run_fit_profile(args)
+    if args.command == "working-set":
+        from flashstate.sim.working_set import run_working_set
+
+        return run_working_set(args)
     try:
         config = _resolve(args)
     except ValueError as e:

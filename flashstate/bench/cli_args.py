@@ -12,7 +12,6 @@ import argparse
 
 from flashstate.bench.config import MODES, ReplayConfig
 from flashstate.bench.cost import Prices
-from flashstate.bench.working_set import add_working_set_parser
 from flashstate.bench.workloads import TRACE_SPLITS
 from flashstate.config import CACHE_POLICIES
 
@@ -225,4 +224,3 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     stats.add_argument("--trace-format", default="auto", choices=["auto", "agentx", "mooncake"])
     stats.add_argument("--trace-block-size", type=int, default=None)
     stats.add_argument("--trace-limit", type=int, default=None)
-    add_working_set_parser(bsub)

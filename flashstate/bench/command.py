@@ -25,7 +25,6 @@ from flashstate.bench.prompts import auto_length_scale
 from flashstate.bench.replay import replay
 from flashstate.bench.report import RESULT_SCHEMA, build_result, markdown, write_report
 from flashstate.bench.synthetic_defaults import DEFAULT as SYNTHETIC_DEFAULT
-from flashstate.bench.working_set import run_working_set
 from flashstate.bench.workloads import Session, WorkloadError, load_workload, trace_format
 from flashstate.config import CACHE_POLICIES
 from flashstate.lifeline import Terminated, terminate_on_signals
@@ -279,8 +278,6 @@ def run_bench(args: argparse.Namespace) -> int:
         with terminate_on_signals():
             if args.bench_command == "report":
                 return _report(args)
-            if args.bench_command == "working-set":
-                return run_working_set(args)
             return _stats(args) if args.bench_command == "stats" else _run(args)
     except (ValueError, OSError) as e:  # WorkloadError is a ValueError
         print(f"flashstate bench: error: {e}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""The agents' working set of a trace set (`flashstate bench working-set`) and the fixed tune/validate
+"""The agents' working set of a trace set (`flashstate working-set`) and the fixed tune/validate
 split of a trace set (`--trace-split`)."""
 
 import json
@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from flashstate.bench.workloads import WorkloadError, load_workload
-from flashstate.bench.working_set import session_peak, working_set
 from flashstate.cache.cache_tensors import kv_bytes_per_block, state_bytes_per_slot
 from flashstate.cli import main
+from flashstate.sim.working_set import session_peak, working_set
 from flashstate.spec.hf_config import spec_of
 
 from .test_workloads import agentx_doc
@@ -47,8 +47,13 @@ def test_working_set_bytes_and_budgets(tmp_path, capsys):
     assert w.bytes == 48 * (24 * kv + state) and w.budget(0.5) == w.bytes // 2
     fp8 = working_set(load_workload(path), 48, spec, torch.bfloat16, max_context=24, kv_cache_dtype="fp8")
     assert fp8.kv_bytes_per_token * 2 == w.kv_bytes_per_token
-    assert main(["bench", "working-set", str(path), "--model", "qwen3-next-2b", "--max-context", "24",
+    assert main(["working-set", str(path), "--model", "qwen3-next-2b", "--max-context", "24",
                  "--fractions", "0.25", "1", "--trace-split", "tune"]) == 0  # fmt: skip
     doc = json.loads(capsys.readouterr().out)
     assert doc["sessions"] == 1 and doc["working_set_bytes"] == w.bytes
     assert doc["budgets"] == {"0.25": w.budget(0.25), "1": w.bytes}
+
+
+def test_a_missing_trace_set_is_a_one_line_error(tmp_path, capsys):
+    assert main(["working-set", str(tmp_path / "nope")]) == 2
+    assert capsys.readouterr().err.strip().startswith("flashstate working-set: error:")

@@ -5,13 +5,15 @@ is named by its fraction of it (chosen before a run), never by where a baseline 
 
 A session's peak context is its largest prompt + output at the replay's scale (`length_scale`, the
 output cap) among the turns before the first one that would pass `max_context` (the replay ends a
-session there). Sub-agents are not counted (they come and go within a turn). `flashstate bench
-working-set` prints W and the `--kv-cache-memory-bytes` of each fraction."""
+session there). Sub-agents are not counted (they come and go within a turn). `flashstate working-set`
+prints W and the `--kv-cache-memory-bytes` of each fraction. (In sim/, not bench/: bench is an HTTP client
+and reads no model or cache layout.)"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -99,6 +101,14 @@ def add_working_set_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_working_set(args: argparse.Namespace) -> int:
+    try:
+        return _print_working_set(args)
+    except (ValueError, OSError) as e:  # WorkloadError is a ValueError
+        print(f"flashstate working-set: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _print_working_set(args: argparse.Namespace) -> int:
     sessions = load_workload(args.path, args.trace_format, split=args.trace_split)
     w = working_set(
         sessions,
