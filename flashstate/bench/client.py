@@ -39,6 +39,7 @@ class Completion:
 
 
 RETRYABLE_STATUS = (502, 503, 504)  # a router with no healthy replica, or a replica going away
+ROUTER_SEND_FAILED = "Request failed:"  # vllm-router's 500 when it cannot reach the replica it picked
 _TOO_LONG = ("context_length_exceeded", "max_model_len", "maximum context length")
 
 
@@ -132,7 +133,9 @@ async def stream(
                 detail = (await resp.aread()).decode("utf-8", "replace")[:300]
                 c.error = f"HTTP {resp.status_code}: {detail}"
                 c.too_long = resp.status_code == 400 and any(m in detail for m in _TOO_LONG)
-                c.retryable = resp.status_code in RETRYABLE_STATUS
+                c.retryable = resp.status_code in RETRYABLE_STATUS or (
+                    resp.status_code == 500 and detail.startswith(ROUTER_SEND_FAILED)
+                )
                 c.t_end = time.perf_counter()
                 return c
             done = False

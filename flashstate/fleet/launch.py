@@ -9,6 +9,7 @@
     Fleet.replicas[i].kill() / .start()       a replica SIGKILLed / started again on its port (it rejoins
                                               once the router's health poll sees it answer)
     Fleet.restart_dead()                      starts again every replica that exited on its own
+    Fleet.restart_master()                    starts the master again on its address (empty)
 
 Logs: <out_dir>/master.log, replica-<i>.log, router.log. Children die with this process (PR_SET_PDEATHSIG)
 and are started from a lasting thread (lifeline.py), as bench compare's servers are.
@@ -106,6 +107,14 @@ class Fleet:
     router: subprocess.Popen
     master: MasterProcess | None = None
     restarts: list[int] = field(default_factory=list)  # replica indices started again, in order
+
+    def restart_master(self, log: Path | None = None) -> None:
+        """Start the master again on its address if it has exited (it comes back empty; the replicas
+        rejoin it on their own: cache/host/tier.py pings an unreachable store)."""
+        if self.master is None or self.master.process.poll() is None:
+            return
+        host, _, port = self.master.address.rpartition(":")
+        self.master = start_master(int(port), host=host, log=None if log is None else str(log))
 
     def restart_dead(self) -> list[int]:
         """Start again (and wait for) every replica whose process has exited."""

@@ -40,3 +40,29 @@ def test_a_500_is_not_retried():
     server = FakeServer(fail=lambda body: len(body["prompt"]) == 16)
     res = run(server, [chain("a")], agents=1, max_sessions=1, time_scale=0.0, retries=3)
     assert res.sessions[0].failed and len(server.seen) == 2
+
+
+def test_a_routers_500_for_an_unreachable_replica_is_retried():
+    """vllm-router answers 500 `Request failed: error sending request ...` when the replica it picked
+    refuses the connection (it died): retried, unlike a server's own 500."""
+    import asyncio
+
+    import httpx
+
+    from flashstate.bench import client
+
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        if len(calls) == 1:
+            return httpx.Response(500, text="Request failed: error sending request for url (http://x/v1)")
+        return httpx.Response(500, json={"error": {"message": "boom", "type": "server_error"}})
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
+            return [await client.stream(http, "http://r/v1/completions", {}, 5.0) for _ in range(2)]
+
+    routed, own = asyncio.run(go())
+    assert routed.retryable and "Request failed" in routed.error
+    assert not own.retryable and own.error.startswith("HTTP 500")

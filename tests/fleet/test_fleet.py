@@ -81,7 +81,7 @@ def test_a_replica_restores_a_session_another_replica_served(fleet):
 def test_a_replica_killed_mid_replay_loses_no_session_and_rejoins(fleet):
     config = ReplayConfig(
         base_url=fleet.url, agents=8, duration_s=600, max_requests=60, length_scale=0.01, time_scale=0.0,
-        max_output_tokens=4, retries=3, progress=False, seed=3,
+        max_output_tokens=4, retries=6, progress=False, seed=3,
     )  # fmt: skip
     victim = fleet.replicas[1]
     served_before = _metric(victim.url, "vllm:request_success_total")
@@ -115,3 +115,25 @@ def test_a_replica_killed_mid_replay_loses_no_session_and_rejoins(fleet):
 async def _fetch(url: str) -> dict[str, float]:
     async with httpx.AsyncClient() as http:
         return await fetch_metrics(http, url)
+
+
+def test_the_master_killed_and_started_again_stops_no_request_and_sharing_resumes(fleet, tmp_path):
+    first, second = (r.url for r in fleet.replicas)
+    fleet.master.process.kill()
+    fleet.master.process.wait()
+    rng = random.Random(1)
+    prompt = [rng.randrange(2000) for _ in range(200)]
+    assert _complete(fleet.url, prompt)["choices"][0]["token_ids"]  # served without the tier
+    _wait(lambda: any(_metric(r.url, "flashstate:host_cache_available") == 0 for r in fleet.replicas))
+
+    fleet.restart_master(tmp_path / "master-again.log")
+    for url in (first, second):
+        _wait(lambda url=url: _metric(url, "flashstate:host_cache_available") == 1)
+    # sharing works again on the new (empty) master
+    written = _metric(first, "flashstate:host_cache_states_written_total")
+    restored = _metric(second, "flashstate:host_cache_remote_restores_total")
+    out = _complete(first, prompt + [7] * 10)["choices"][0]["token_ids"]
+    _wait(lambda: _metric(first, "flashstate:host_cache_states_written_total") > written)
+    got = _complete(second, prompt + [7] * 10 + out + [rng.randrange(2000) for _ in range(40)])
+    assert got["usage"]["prompt_tokens_details"]["cached_tokens"] == len(prompt) + 10 + len(out) - 1
+    assert _metric(second, "flashstate:host_cache_remote_restores_total") == restored + 1
