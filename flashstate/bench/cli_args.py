@@ -72,6 +72,13 @@ def replay_args(p: argparse.ArgumentParser) -> None:
         "--drain", type=float, default=d.drain_s, help="seconds in-flight requests get after the end"
     )
     g.add_argument(
+        "--retries",
+        type=int,
+        default=d.retries,
+        help="send a request again this often when a replica behind a router died under it (a stream cut "
+        "before [DONE], a transport error, 502-504); the failed attempts count as errors",
+    )
+    g.add_argument(
         "--mode",
         default=d.mode,
         choices=MODES,

@@ -131,6 +131,7 @@ def replay_config_from_args(args: argparse.Namespace, scale: dict[str, Any], url
         max_token_id=args.max_token_id,
         request_timeout_s=args.request_timeout,
         drain_s=args.drain,
+        retries=args.retries,
         num_gpus=args.num_gpus,
         progress=not args.no_progress,
     )
