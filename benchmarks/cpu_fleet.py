@@ -8,7 +8,14 @@ replicas) and lost sessions.
     PYTHONPATH=. .venv/bin/python benchmarks/cpu_fleet.py --out out/cpu_fleet
 
 Each variant starts a fresh fleet (fleet/launch.py); the replay is `flashstate bench`'s (bench/replay.py),
-retrying requests a dying replica cut (ReplayConfig.retries).
+retrying requests a dying replica cut (ReplayConfig.retries). On a GPU, e.g. two replicas sharing one card
+against one engine with all of it (the lead's H200 run):
+
+    PYTHONPATH=. .venv/bin/python benchmarks/cpu_fleet.py --out out/gpu_fleet --agents 48 \
+        --max-requests 2000 --length-scale 1 --max-output-tokens 256 --host-cache-bytes 64G \
+        --variants "cache_aware" "cache_aware + mooncake" \
+        --serve-args "MODEL_DIR --gpu-memory-utilization 0.45 --max-model-len 131072"
+    ... --replicas 1 --variants "cache_aware" --serve-args "MODEL_DIR --gpu-memory-utilization 0.9 ..."
 """
 
 from __future__ import annotations
@@ -87,15 +94,22 @@ def main() -> int:
     ap.add_argument("--length-scale", type=float, default=0.01)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--variants", nargs="*", default=list(VARIANTS))
+    ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--serve-args", default=" ".join(SERVE), help="every replica's serve flags")
+    ap.add_argument("--host-cache-bytes", default="256M", help="each replica's share of the Mooncake pool")
+    ap.add_argument("--max-output-tokens", type=int, default=8)
     args = ap.parse_args()
     rows = []
     for name in args.variants:
         policy, shared, kill = VARIANTS[name]
-        spec = FleetSpec(replicas=2, policy=policy, shared=shared, host_cache_bytes="256M", serve_args=SERVE)
+        spec = FleetSpec(
+            replicas=args.replicas, policy=policy, shared=shared, host_cache_bytes=args.host_cache_bytes,
+            serve_args=tuple(args.serve_args.split()),
+        )  # fmt: skip
         config = ReplayConfig(
             agents=args.agents, duration_s=1800, max_requests=args.max_requests,
-            length_scale=args.length_scale, time_scale=0.0, max_output_tokens=8, retries=6,
-            progress=False, seed=args.seed,
+            length_scale=args.length_scale, time_scale=0.0, max_output_tokens=args.max_output_tokens,
+            retries=6, progress=False, seed=args.seed,
         )  # fmt: skip
         events: list[str] = []
         print(f"== {name}", file=sys.stderr, flush=True)
