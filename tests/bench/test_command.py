@@ -33,7 +33,8 @@ def test_bench_run_writes_result_report_and_plots(tmp_path, trace, capsys):
                    "--max-context", "2000", "--max-requests", "4", *FAST])  # fmt: skip
         assert rc == 0
     doc = json.loads((tmp_path / "out" / "result-run.json").read_text())
-    assert doc["workload"] == {"kind": "agentx", "source": trace, "sessions": 1, "seed": 0, "requests": 7}
+    assert doc["workload"] == {"kind": "agentx", "source": trace, "sessions": 1, "split": None, "seed": 0,
+                               "requests": 7}  # fmt: skip
     assert doc["replay"]["agents"] == 2 and doc["summary"]["completed_agents"] == 3
     assert {r["session"] for r in doc["requests"]} == {"s1#0", "s1#0/a1", "s1#0/a2", "s1#1", "s1#1/a1",
                                                        "s1#1/a2", "s1#2", "s1#2/a1", "s1#2/a2"}  # fmt: skip
