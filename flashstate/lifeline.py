@@ -20,10 +20,11 @@ import ctypes
 import os
 import queue
 import signal
+import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import IO, TypeVar
 
 T = TypeVar("T")
 
@@ -103,6 +104,21 @@ def in_lasting_thread(fn: Callable[[], T]) -> T:
     if threading.current_thread() is _starter._thread:
         return fn()
     return _starter.call(fn)
+
+
+def spawn_child(cmd: list[str], log: IO[str]) -> subprocess.Popen:
+    """`cmd` as a child that cannot outlive this process: its own session (so its whole group can be
+    signalled), SIGTERM from the kernel when this process ends, started from a lasting thread; stdout and
+    stderr to `log`."""
+    return in_lasting_thread(
+        lambda: subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=preexec_die_with_parent(signal.SIGTERM),
+        )
+    )
 
 
 class Terminated(BaseException):  # noqa: N818 — named like KeyboardInterrupt, its sibling

@@ -29,7 +29,7 @@ from flashstate.bench.replay import ReplayConfig, replay
 from flashstate.bench.report import build_result
 from flashstate.bench.step_summary import summarize_steps
 from flashstate.bench.workloads import Session
-from flashstate.lifeline import in_lasting_thread, preexec_die_with_parent
+from flashstate.lifeline import spawn_child
 
 
 class ServerError(RuntimeError):
@@ -104,15 +104,7 @@ def server_process(
         port = free_port()
         cmd = spec.command(policy, port, extra)
         with open(log, "w") as fh:
-            proc = in_lasting_thread(
-                lambda cmd=cmd, fh=fh: subprocess.Popen(
-                    cmd,
-                    stdout=fh,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    preexec_fn=preexec_die_with_parent(signal.SIGTERM),
-                )
-            )
+            proc = spawn_child(cmd, fh)
         base_url = f"http://127.0.0.1:{port}"
         try:
             wait_ready(base_url, spec.startup_timeout_s, proc, log)

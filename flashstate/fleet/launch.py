@@ -28,7 +28,7 @@ from pathlib import Path
 from flashstate.bench.compare import ServerError, ServerSpec, free_port, stop_process, wait_ready
 from flashstate.cache.host.mooncake import MasterProcess, start_master
 from flashstate.fleet.router import router_command
-from flashstate.lifeline import in_lasting_thread, preexec_die_with_parent
+from flashstate.lifeline import spawn_child
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,15 +67,7 @@ class Replica:
     def launch(self) -> None:
         """Start the process (on the same port every time); `wait` for it to answer."""
         with open(self.log, "a") as fh:
-            self.proc = in_lasting_thread(
-                lambda: subprocess.Popen(
-                    self.command,
-                    stdout=fh,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    preexec_fn=preexec_die_with_parent(signal.SIGTERM),
-                )
-            )
+            self.proc = spawn_child(self.command, fh)
 
     def wait(self) -> None:
         wait_ready(self.url, self.startup_timeout_s, self.proc, self.log)
@@ -152,15 +144,7 @@ def running_fleet(spec: FleetSpec, out_dir: Path) -> Iterator[Fleet]:
             [r.url for r in replicas], spec.policy, spec.host, port, free_port(), spec.router_args
         )
         with open(out_dir / "router.log", "w") as fh:
-            router = in_lasting_thread(
-                lambda: subprocess.Popen(
-                    cmd,
-                    stdout=fh,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    preexec_fn=preexec_die_with_parent(signal.SIGTERM),
-                )
-            )
+            router = spawn_child(cmd, fh)
         url = f"http://{spec.host}:{port}"
         try:
             wait_ready(url, 60.0, router, out_dir / "router.log")  # 200 once every replica is healthy
