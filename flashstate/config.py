@@ -132,7 +132,9 @@ class EngineConfig:
         0.25, "memory admission: the fraction of the cache the running requests leave to cached prefixes"
     )
     max_queue_wait_seconds: float = _engine(
-        60.0, "memory admission: a request queued this long goes first and is never passed over"
+        900.0,
+        "memory admission: a request queued this long goes first and is never passed over (until then "
+        "mostly-cached prompts go first: a smaller bound gives up more of the cache's hits under overload)",
     )
     preemption_mode: PreemptionMode | None = _engine(
         None,
