@@ -24,53 +24,12 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from flashstate.bench.config import ReplayConfig
-from flashstate.bench.cost import Prices
-from flashstate.bench.report import build_result
-from flashstate.bench.workloads import load_workload
-from flashstate.sim.command import engine_config, simulate
-from flashstate.sim.profile import load_profile
+sys.path.insert(0, str(Path(__file__).parent))
+
+from sim_scale_study import one_run  # noqa: E402  (the same simulated run, at full length)
 
 POLICIES = ("flashstate", "vllm", "sglang")
 SERVED = "h200-qwen3-next-2b-served"
-
-
-def one_run(job: dict[str, Any]) -> dict[str, Any]:
-    sessions = load_workload(job["traces"], "auto", None, None, None)
-    profile = load_profile(job["profile"])
-    flags = ["--kv-cache-memory-bytes", str(int(job["budget"])), "--max-num-seqs", str(job["max_num_seqs"])]
-    config = engine_config(profile, flags + job["serve_args"], job["policy"])
-    replay = ReplayConfig(
-        base_url=f"sim://{profile.name}",
-        agents=job["agents"],
-        warmup_s=job["warmup"],
-        duration_s=job["duration"],
-        ramp_s=job["ramp"],
-        seed=job["seed"],
-        progress=False,
-        length_scale=1.0,
-    )
-    t0 = time.process_time()
-    run, facts = simulate(profile, config, replay, sessions)
-    info = {"kind": "agentx", "source": job["traces"], "sessions": len(sessions), "seed": job["seed"]}
-    result = build_result(
-        run, job["policy"], info, {"length_scale": 1.0}, Prices(),
-        {"cache_policy": job["policy"], "simulated": facts},
-    )  # fmt: skip
-    s, stats = result["summary"], facts["cache_stats"][0]
-    return job | {
-        "hit_rate": s["token_hit_rate"],
-        "ttft_p50": s["ttft_s"]["p50"],
-        "ttft_p90": s["ttft_s"]["p90"],
-        "requests": s["requests"],
-        "output_tpm": s["output_tpm"],
-        "completed_agents": s["completed_agents"],
-        "max_queue_wait_s": stats["max_queue_wait_s"],
-        "preemptions_recompute": stats["preemptions_recompute"],
-        "preemptions_checkpoint": stats["preemptions_checkpoint"],
-        "evictions": stats["evictions"],
-        "cpu_s": time.process_time() - t0,
-    }
 
 
 def table(rows: list[dict[str, Any]]) -> str:

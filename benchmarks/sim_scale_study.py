@@ -49,11 +49,22 @@ TRACES = os.environ.get("FLASHSTATE_TRACES", "/work/shared/traces/claude-code")
 SCALE_KEYS = ("length_scale", "max_context", "time_scale", "max_think_s", "max_output_tokens")
 
 
+FULL_LENGTH = {"length_scale": 1.0, "max_context": None, "time_scale": 1.0, "max_think_s": None,
+               "max_output_tokens": None}  # fmt: skip
+
+
 def one_run(job: dict[str, Any]) -> dict[str, Any]:
-    sessions = load_workload(TRACES, "auto", None, None, job["split"])
+    """One simulated run. `job`: agents, budget, policy, profile, warmup, duration, ramp, seed; optional
+    traces (default TRACES), split, scale (default full length), gpus, max_num_seqs, serve_args."""
+    traces = job.get("traces", TRACES)
+    sessions = load_workload(traces, "auto", None, None, job.get("split"))
     profile = load_profile(job["profile"])
     gpus = job.get("gpus", 1)  # engines behind session-affinity routing, each with its share of the budget
-    config = engine_config(profile, ["--kv-cache-memory-bytes", str(job["budget"] // gpus)], job["policy"])
+    flags = ["--kv-cache-memory-bytes", str(int(job["budget"]) // gpus)]
+    if job.get("max_num_seqs"):
+        flags += ["--max-num-seqs", str(job["max_num_seqs"])]
+    config = engine_config(profile, flags + list(job.get("serve_args", [])), job["policy"])
+    scale = job.get("scale", FULL_LENGTH)
     replay = ReplayConfig(
         base_url=f"sim://{profile.name}",
         agents=job["agents"],
@@ -63,17 +74,17 @@ def one_run(job: dict[str, Any]) -> dict[str, Any]:
         seed=job["seed"],
         progress=False,
         num_gpus=gpus,
-        **{k: job["scale"][k] for k in SCALE_KEYS},
+        **{k: scale[k] for k in SCALE_KEYS},
     )
     t0 = time.process_time()
     run, facts = simulate(profile, config, replay, sessions)
-    scale = job["scale"] | {"length_scale_auto": False}
-    info = {"kind": "agentx", "source": TRACES, "sessions": len(sessions), "split": job["split"],
+    info = {"kind": "agentx", "source": traces, "sessions": len(sessions), "split": job.get("split"),
             "seed": job["seed"]}  # fmt: skip
     result = build_result(
-        run, job["policy"], info, scale, Prices(), {"cache_policy": job["policy"], "simulated": facts}
-    )
-    s = result["summary"]
+        run, job["policy"], info, scale | {"length_scale_auto": False}, Prices(),
+        {"cache_policy": job["policy"], "simulated": facts},
+    )  # fmt: skip
+    s, stats = result["summary"], facts["cache_stats"][0]
     return job | {
         "hit_rate": s["token_hit_rate"],
         "ttft_p50": s["ttft_s"]["p50"],
@@ -83,7 +94,10 @@ def one_run(job: dict[str, Any]) -> dict[str, Any]:
         "uncached_p50": s["uncached_tokens_per_request"]["p50"],
         "completed_agents": s["completed_agents"],
         "cache_plan": facts["cache_plan"],
-        "evictions": facts["cache_stats"][0]["evictions"],
+        "evictions": stats["evictions"],
+        "max_queue_wait_s": stats.get("max_queue_wait_s"),
+        "preemptions_recompute": stats.get("preemptions_recompute"),
+        "preemptions_checkpoint": stats.get("preemptions_checkpoint"),
         "cpu_s": time.process_time() - t0,
     }
 
