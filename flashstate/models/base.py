@@ -59,6 +59,12 @@ class LinearMixer(nn.Module):
             self.ssm_state[meta.export_slots] = ssm.to(self.ssm_state.dtype)
 
 
+def untied_lm_head(spec: ModelSpec) -> nn.Linear | None:
+    """The LM head of a family whose checkpoints may tie it: None when the embeddings are tied (the
+    checkpoint has no lm_head; `HybridForCausalLM.output_weight` then reads embed_tokens.weight)."""
+    return None if spec.tie_word_embeddings else nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+
+
 class HybridForCausalLM(nn.Module):
     spec: ModelSpec
 
@@ -69,6 +75,11 @@ class HybridForCausalLM(nn.Module):
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """hidden: [..., hidden] → logits [..., vocab] (fp32)."""
         raise NotImplementedError
+
+    def output_weight(self) -> Tensor:
+        """[vocab, hidden]: the LM head's weight, or the input embedding's when they are tied."""
+        lm_head = getattr(self, "lm_head", None)
+        return self.model.embed_tokens.weight if lm_head is None else lm_head.weight
 
     def post_load(self) -> None:
         """Recompute non-persistent buffers (rotary tables…) after weights were loaded onto a real device."""

@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from flashstate.layers.metadata import ForwardMetadata
 from flashstate.layers.stacked_experts import StackedExperts
-from flashstate.models.base import HybridForCausalLM
+from flashstate.models.base import HybridForCausalLM, untied_lm_head
 from flashstate.models.nemotron_h import Attention, Mamba2Mixer
 from flashstate.models.qwen3_next import Qwen3NextMLP, Qwen3NextRMSNorm, RotaryEmbedding
 from flashstate.ops.activation import silu_mul
@@ -151,17 +151,13 @@ class GraniteMoeHybridForCausalLM(HybridForCausalLM):
             raise ValueError(f"spec is for {spec.architecture}, not {_ARCH}")
         self.spec = spec
         self.model = GraniteMoeHybridModel(spec)
-        # Tied embeddings (the released models): no lm_head module, logits read embed_tokens.weight.
-        self.lm_head = None
-        if not spec.tie_word_embeddings:
-            self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        self.lm_head = untied_lm_head(spec)  # the released models tie it
 
     def forward(self, input_ids: Tensor, meta: ForwardMetadata) -> Tensor:
         return self.model(input_ids, meta)
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float() / self.spec.logits_scaling
+        return F.linear(hidden, self.output_weight()).float() / self.spec.logits_scaling
 
     def post_load(self) -> None:
         if self.model.rotary_emb is not None:

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from flashstate.layers.metadata import ForwardMetadata
 from flashstate.layers.stacked_experts import StackedExperts
 from flashstate.layers.stacked_linear import StackedLinears
-from flashstate.models.base import AttentionMixer, HybridForCausalLM, LinearMixer
+from flashstate.models.base import AttentionMixer, HybridForCausalLM, LinearMixer, untied_lm_head
 from flashstate.ops.activation import sigmoid_mul, silu_mul
 from flashstate.ops.attention import paged_attention
 from flashstate.ops.backend import dense_on_cpu, gpu_kernels
@@ -340,17 +340,13 @@ class Qwen3NextForCausalLM(HybridForCausalLM):
             raise UnsupportedModelError("Qwen3-Next spec needs attention, linear and mlp sections")
         self.spec = spec
         self.model = self.base_model(spec)
-        # Tied embeddings: no lm_head module, logits read embed_tokens.weight (the checkpoint has no lm_head).
-        self.lm_head = None
-        if not spec.tie_word_embeddings:
-            self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        self.lm_head = untied_lm_head(spec)
 
     def forward(self, input_ids: Tensor, meta: ForwardMetadata) -> Tensor:
         return self.model(input_ids, meta)
 
     def compute_logits(self, hidden: Tensor) -> Tensor:
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        return F.linear(hidden, self.output_weight()).float()
 
     def post_load(self) -> None:
         self.model.rotary_emb.reset()
