@@ -128,6 +128,7 @@ class OpenAIServingChat(OpenAIServing):
                     "logprobs": logprobs,
                     "finish_reason": finish_reason,
                     "stop_reason": out.stop_reason,
+                    **({"token_ids": out.token_ids} if req.return_token_ids else {}),
                 }
             )
         return {
@@ -171,13 +172,16 @@ class OpenAIServingChat(OpenAIServing):
                 if out.finished:
                     content = _merge(content, parser.finish() or {})
                     finish_reason = plan.finish_reason(out.finish_reason, parser.called)
-            if not (content or out.finished or (req.logprobs and n)):
+            if not (content or out.finished or ((req.logprobs or req.return_token_ids) and n)):
                 return None  # nothing to send yet (e.g. text held back as a possible stop string)
             logprobs = None
             if req.logprobs:
                 top = (out.top_logprobs or [])[-n:] if n else []
                 logprobs = self._logprobs(out.delta_token_ids, (out.logprobs or [])[-n:] if n else [], top)
-            return chunk(i, content, finish_reason, out, logprobs)
+            body = chunk(i, content, finish_reason, out, logprobs)
+            if req.return_token_ids:
+                body["choices"][0]["token_ids"] = out.delta_token_ids
+            return body
 
         latest = list(firsts)
         try:

@@ -291,3 +291,16 @@ def test_return_token_ids_lets_an_agent_resend_its_reply_exactly(client):
     # The next turn re-sends prompt + reply: the frontier checkpoint covers all but the last token.
     second = client.completions.create(model=MODEL, prompt=prompt + ids + [7, 8, 9], max_tokens=1, **kw)
     assert second.usage.prompt_tokens_details.cached_tokens == len(prompt) + len(ids) - 1
+
+
+def test_chat_return_token_ids_are_the_generated_ids_whole_and_streamed(client):
+    kw = {"temperature": 0.0, "max_tokens": 6, "extra_body": {"ignore_eos": True, "return_token_ids": True}}
+    messages = [{"role": "user", "content": "Count with me."}]
+    whole = client.chat.completions.create(model=MODEL, messages=messages, **kw)
+    ids = whole.choices[0].model_extra["token_ids"]
+    streamed = [
+        i
+        for c in client.chat.completions.create(model=MODEL, messages=messages, stream=True, **kw)
+        for i in (c.choices[0].model_extra.get("token_ids") or [] if c.choices else [])
+    ]
+    assert len(ids) == whole.usage.completion_tokens == 6 and streamed == ids
