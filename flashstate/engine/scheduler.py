@@ -325,7 +325,7 @@ class Scheduler:
             order = [only] if self.waiting and self.waiting[0] is only else []
         else:
             order = adm.order(list(self.waiting), now, self._hits, self.by_priority)
-        used = sum(adm.footprint(self.cache, s) for s in self.running + self.restoring)
+        used = self._running_footprint(adm)
         limit = adm.limit(self.cache)
         for seq in order:
             if budget <= 0 or len(self.running) + len(self.restoring) >= self.max_num_seqs:
@@ -343,6 +343,10 @@ class Scheduler:
             if not seq.is_finished:
                 used += need
         return budget
+
+    def _running_footprint(self, adm: MemoryAdmission) -> int:
+        """The running and restoring sequences' blocks at their expected lengths."""
+        return sum(adm.footprint(self.cache, s) for s in self.running + self.restoring)
 
     def _overgrown(self, seq: Sequence, n: int) -> bool:
         """Under memory admission with checkpoint preemption: `seq`'s next `n` tokens would evict cached units
@@ -373,7 +377,7 @@ class Scheduler:
         if self.admission is None or not (self.running or self.restoring) or self._suspects:
             return False
         adm = self.admission
-        used = sum(adm.footprint(self.cache, s) for s in self.running + self.restoring)
+        used = self._running_footprint(adm)
         limit = adm.limit(self.cache)
         return all(used + adm.footprint(self.cache, s) > limit for s in self.waiting)
 
