@@ -99,6 +99,33 @@ def one_run(job: dict[str, Any]) -> dict[str, Any]:
         "preemptions_recompute": stats.get("preemptions_recompute"),
         "preemptions_checkpoint": stats.get("preemptions_checkpoint"),
         "cpu_s": time.process_time() - t0,
+        **turn_split(result),
+    }
+
+
+def turn_split(result: dict[str, Any]) -> dict[str, Any]:
+    """The window's hit rate split by turn: first turns (turn 0 of a session or sub-agent: nothing of theirs
+    was computed before, only a shared prefix can hit) and later turns, and the continuations' cached
+    tokens against their frontier (the most any cache could have served them)."""
+    start, end = result["timeline"]["window"]
+    ok = [r for r in result["requests"] if start <= r["t_send"] < end]
+    ok = [r for r in ok if r["error"] is None and r["e2e"] is not None]
+    first = [r for r in ok if r["turn"] == 0]
+    later = [r for r in ok if r["turn"] > 0]
+    cont = [r for r in ok if r["frontier"] is not None]
+    prompt = sum(r["prompt_tokens"] for r in ok)
+
+    def rate(rs: list[dict[str, Any]]) -> float | None:
+        p = sum(r["prompt_tokens"] for r in rs)
+        return sum(r["cached_tokens"] for r in rs) / p if p else None
+
+    frontier = sum(min(r["frontier"], r["prompt_tokens"]) for r in cont)
+    return {
+        "first_turns": len(first),
+        "first_turn_prompt_share": sum(r["prompt_tokens"] for r in first) / prompt if prompt else None,
+        "hit_rate_first_turns": rate(first),
+        "hit_rate_later_turns": rate(later),
+        "frontier_served": sum(r["cached_tokens"] for r in cont) / frontier if frontier else None,
     }
 
 
