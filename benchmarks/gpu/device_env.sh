@@ -13,15 +13,27 @@
 
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   .whl/*.whl || return 1
+# Binary packages too large for the carry limit as wheels travel as .tar.xz of their installed files
+# (mooncake-slim: the store client, mooncake_master and libibverbs; vllm-router: the fleet's router).
+for bundle in .whl/*.tar.xz; do
+  [ -f "$bundle" ] && tar -xJf "$bundle" -C /tmp/site
+done
+if [ -d /tmp/site/vllm_router ] && [ ! -x /tmp/site/bin/vllm-router ]; then
+  mkdir -p /tmp/site/bin
+  printf '#!/usr/bin/env python3\nimport sys\nfrom vllm_router.launch_router import main\nsys.exit(main())\n' \
+    > /tmp/site/bin/vllm-router && chmod +x /tmp/site/bin/vllm-router
+fi
+export PATH="/tmp/site/bin:/tmp/site/mooncake:$PATH" LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/tmp/site/syslibs"
 export PYTHONPATH="/tmp/site:$PWD" FLASHSTATE_HOME=/tmp/fs PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-export TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR="$PWD/.tcache"
+# TRITON_CACHE_DIR may name a folder outside the tree, so that a warm machine keeps it between calls.
+export TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$PWD/.tcache}"
 if [ -f .tcache.tar.xz ]; then
-  tar -xJf .tcache.tar.xz && echo "device_env: $(find .tcache -name '*.cubin' | wc -l) Triton kernels restored"
+  mkdir -p "$TRITON_CACHE_DIR" && tar -xJf .tcache.tar.xz -C "$TRITON_CACHE_DIR" --strip-components=1 && echo "device_env: $(find "$TRITON_CACHE_DIR" -name '*.cubin' | wc -l) Triton kernels restored"
 fi
 
 save_triton_cache() {
-  [ -d .tcache ] || return 0
-  (cd .tcache && find . -type f \( -name '*.cubin' -o -name '*.json' \) -print0 \
+  [ -d "$TRITON_CACHE_DIR" ] || return 0
+  (cd "$TRITON_CACHE_DIR" && find . -type f \( -name '*.cubin' -o -name '*.json' \) -print0 \
     | tar --null -c --transform 's,^\./,.tcache/,' -T - | xz -6 -T0 | split -b 15M -d -a 2 - "${OUT:-.}/tcache.tar.xz.")
   echo "device_env: $(cat "${OUT:-.}"/tcache.tar.xz.* | wc -c) bytes of Triton cache in \$OUT/tcache.tar.xz.*"
 }

@@ -19,7 +19,8 @@
 # FLASHSTATE_ARGS (more serve flags for `flashstate-host`, e.g. --long-prefill-token-threshold 2048), SERVE_ARGS
 # (more serve flags for every server: engine features, e.g. --no-mixed-step-graphs), GPUS (default
 # 1: the runs one after another; N > 1 spreads them over GPUs 0..N-1, one server per GPU at a time, each
-# measured alone on its card, then merges the results), and any extra `bench compare` flags after the mode.
+# measured alone on its card, then merges the results), AGENTS (default 48; also the servers'
+# --max-num-seqs), and any extra `bench compare` flags after the mode.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mode="${1:?usage: headline.sh policies|ablation [bench compare flags]}"
@@ -42,11 +43,12 @@ if [ -z "$KV_BYTES" ]; then
   exit 2
 fi
 GPUS="${GPUS:-1}"
+AGENTS="${AGENTS:-48}"
 PY="${PYTHON:-python3}"
 model="$("$PY" -c "from flashstate.models.presets import preset_dir; print(preset_dir('$PRESET'))")"
-serve="--device ${DEVICE:-cuda} --dtype ${DTYPE:-bfloat16} --max-num-seqs 48 --max-num-batched-tokens 8192 --kv-cache-memory-bytes $KV_BYTES ${SERVE_ARGS:-}"
+serve="--device ${DEVICE:-cuda} --dtype ${DTYPE:-bfloat16} --max-num-seqs $AGENTS --max-num-batched-tokens 8192 --kv-cache-memory-bytes $KV_BYTES ${SERVE_ARGS:-}"
 common=(
-  --model "$model" --workload "$TRACES" --seed 0 --agents 48 --warmup "$WARMUP" --duration "$DURATION" --drain "$DRAIN"
+  --model "$model" --workload "$TRACES" --seed 0 --agents "$AGENTS" --warmup "$WARMUP" --duration "$DURATION" --drain "$DRAIN"
   --length-scale 0.25 --max-context 65536 --time-scale 0.05 --max-think-time 5 --max-output-tokens 512
   --server-timeout 900 --no-progress
 )
