@@ -18,7 +18,8 @@ into checkpoints on by default; vllm, sglang: their own schedulers), N lanes sta
 `--trace-split tune|validate` keeps the even / odd sessions by file name (knobs set on one half are checked
 on the other). Besides the run's hit rate, each row splits it by turn: the prompt share and hit rate of first
 turns (turn 0 of a session or sub-agent: only a shared prefix can hit) and of later turns, and the
-continuations' cached tokens against their frontier (what an unbounded cache would have served).
+hit rate an unbounded cache would have given the same requests (each later turn served up to its previous
+turn's prompt + output; an upper bound).
 """
 
 from __future__ import annotations
@@ -57,10 +58,11 @@ def knob_text(r: dict[str, Any]) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| split | agents | policy | wait / reserve / out | token hit rate | first-turn share "
+        "| split | agents | policy | wait / reserve / out | token hit rate | unbounded-cache ceiling "
+        "| first-turn share "
         "| later-turn hit rate | TTFT p50 (s) | TTFT p90 (s) | requests | output TPM | completed agents "
         "| max queue wait (s) | preemptions recompute / checkpoint | CPU s |",
-        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
     def num(v: float | None, fmt: str) -> str:
@@ -72,7 +74,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     for r in sorted(rows, key=key):
         lines.append(
             f"| {r.get('split') or 'all'} | {r['agents']} | {r['policy']} | {knob_text(r)} "
-            f"| {num(r['hit_rate'], '.1%')} | {num(r.get('first_turn_prompt_share'), '.0%')} "
+            f"| {num(r['hit_rate'], '.1%')} | {num(r.get('hit_ceiling'), '.1%')} "
+            f"| {num(r.get('first_turn_prompt_share'), '.0%')} "
             f"| {num(r.get('hit_rate_later_turns'), '.1%')} | {num(r['ttft_p50'], '.3g')} "
             f"| {num(r['ttft_p90'], '.3g')} | {r['requests']} | {num(r['output_tpm'], ',.0f')} "
             f"| {r['completed_agents']} | {num(r['max_queue_wait_s'], '.0f')} "

@@ -105,27 +105,32 @@ def one_run(job: dict[str, Any]) -> dict[str, Any]:
 
 def turn_split(result: dict[str, Any]) -> dict[str, Any]:
     """The window's hit rate split by turn: first turns (turn 0 of a session or sub-agent: nothing of theirs
-    was computed before, only a shared prefix can hit) and later turns, and the continuations' cached
-    tokens against their frontier (the most any cache could have served them)."""
+    was computed before, only a shared prefix can hit) and later turns; and `hit_ceiling`, the hit rate an
+    unbounded cache would have given: each later turn's prompt served up to its previous turn's prompt +
+    output − 1 (an upper bound: a turn that dropped part of its context gets less)."""
     start, end = result["timeline"]["window"]
+    done = {(r["session"], r["turn"]): r for r in result["requests"] if r["error"] is None}
     ok = [r for r in result["requests"] if start <= r["t_send"] < end]
     ok = [r for r in ok if r["error"] is None and r["e2e"] is not None]
     first = [r for r in ok if r["turn"] == 0]
     later = [r for r in ok if r["turn"] > 0]
-    cont = [r for r in ok if r["frontier"] is not None]
     prompt = sum(r["prompt_tokens"] for r in ok)
 
     def rate(rs: list[dict[str, Any]]) -> float | None:
         p = sum(r["prompt_tokens"] for r in rs)
         return sum(r["cached_tokens"] for r in rs) / p if p else None
 
-    frontier = sum(min(r["frontier"], r["prompt_tokens"]) for r in cont)
+    reach = 0
+    for r in later:
+        prev = done.get((r["session"], r["turn"] - 1))
+        if prev is not None:
+            reach += min(prev["prompt_tokens"] + max(prev["output_tokens"] - 1, 0), r["prompt_tokens"])
     return {
         "first_turns": len(first),
         "first_turn_prompt_share": sum(r["prompt_tokens"] for r in first) / prompt if prompt else None,
         "hit_rate_first_turns": rate(first),
         "hit_rate_later_turns": rate(later),
-        "frontier_served": sum(r["cached_tokens"] for r in cont) / frontier if frontier else None,
+        "hit_ceiling": reach / prompt if prompt else None,
     }
 
 
