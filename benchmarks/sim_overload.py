@@ -60,9 +60,10 @@ def table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| split | agents | policy | wait / reserve / out | token hit rate | unbounded-cache ceiling "
         "| first-turn share "
-        "| later-turn hit rate | TTFT p50 (s) | TTFT p90 (s) | requests | output TPM | completed agents "
+        "| later-turn hit rate | TTFT p50 (s) | TTFT p90 (s) | requests | cut | agents served | output TPM "
+        "| completed agents "
         "| max queue wait (s) | preemptions recompute / checkpoint | CPU s |",
-        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
     def num(v: float | None, fmt: str) -> str:
@@ -77,7 +78,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {num(r['hit_rate'], '.1%')} | {num(r.get('hit_ceiling'), '.1%')} "
             f"| {num(r.get('first_turn_prompt_share'), '.0%')} "
             f"| {num(r.get('hit_rate_later_turns'), '.1%')} | {num(r['ttft_p50'], '.3g')} "
-            f"| {num(r['ttft_p90'], '.3g')} | {r['requests']} | {num(r['output_tpm'], ',.0f')} "
+            f"| {num(r['ttft_p90'], '.3g')} | {r['requests']} | {r.get('cut_requests', '–')} "
+            f"| {r.get('agents_served', '–')} | {num(r['output_tpm'], ',.0f')} "
             f"| {r['completed_agents']} | {num(r['max_queue_wait_s'], '.0f')} "
             f"| {r['preemptions_recompute']} / {r['preemptions_checkpoint']} | {r['cpu_s']:.0f} |"
         )

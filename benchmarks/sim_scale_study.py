@@ -107,7 +107,9 @@ def turn_split(result: dict[str, Any]) -> dict[str, Any]:
     """The window's hit rate split by turn: first turns (turn 0 of a session or sub-agent: nothing of theirs
     was computed before, only a shared prefix can hit) and later turns; and `hit_ceiling`, the hit rate an
     unbounded cache would have given: each later turn's prompt served up to its previous turn's prompt +
-    output − 1 (an upper bound: a turn that dropped part of its context gets less)."""
+    output − 1 (an upper bound: a turn that dropped part of its context gets less); `agents_served`, the
+    lanes with a request sent and finished in the window, and `cut_requests`, those still unfinished when
+    the drain ended (a starved lane's requests appear in neither the hit rate nor the TTFT)."""
     start, end = result["timeline"]["window"]
     done = {(r["session"], r["turn"]): r for r in result["requests"] if r["error"] is None}
     ok = [r for r in result["requests"] if start <= r["t_send"] < end]
@@ -131,6 +133,8 @@ def turn_split(result: dict[str, Any]) -> dict[str, Any]:
         "hit_rate_first_turns": rate(first),
         "hit_rate_later_turns": rate(later),
         "hit_ceiling": reach / prompt if prompt else None,
+        "agents_served": len({r["lane"] for r in ok}),
+        "cut_requests": result["summary"]["cut_requests"],
     }
 
 
