@@ -82,16 +82,18 @@ def _qk_norm_rope_store_kernel(
     t = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     cos_t, sin_t = cos + t * stride_c_t, sin + t * stride_c_t
+    # The branches name their pointers apart: a name bound in both arms of a runtime `if` must keep one
+    # type, and an fp8 cache's pointer is not q_out's.
     if j < H:
-        src = q + t * stride_q_t + j * stride_q_h
-        dst = q_out + (t * H + j) * D
-        _norm_rope_row(src, q_weight, dst, cos_t, sin_t, eps, offset, D, half, BLOCK, BHALF, 0.0)
+        q_src = q + t * stride_q_t + j * stride_q_h
+        q_dst = q_out + (t * H + j) * D
+        _norm_rope_row(q_src, q_weight, q_dst, cos_t, sin_t, eps, offset, D, half, BLOCK, BHALF, 0.0)
     else:
         hk = j - H
         slot = tl.load(slots + t).to(tl.int64)
-        src = k + t * stride_k_t + hk * stride_k_h
-        dst = k_cache + (slot * HK + hk) * D
-        _norm_rope_row(src, k_weight, dst, cos_t, sin_t, eps, offset, D, half, BLOCK, BHALF, SAT)
+        k_src = k + t * stride_k_t + hk * stride_k_h
+        k_dst = k_cache + (slot * HK + hk) * D
+        _norm_rope_row(k_src, k_weight, k_dst, cos_t, sin_t, eps, offset, D, half, BLOCK, BHALF, SAT)
         cv = tl.arange(0, BLOCK_V)
         vv = tl.load(v + t * stride_v_t + hk * stride_v_h + cv, mask=cv < DV, other=0.0)
         tl.store(v_cache + (slot * HK + hk) * DV + cv, _to_dst(vv, v_cache, SAT), mask=cv < DV)
