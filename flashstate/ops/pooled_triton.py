@@ -10,6 +10,11 @@ from torch import Tensor
 
 from flashstate.ops.pooled import decode_exports
 
+# Sequences the export kernel scans per loop step. A fixed block (with N not specialised) keeps one compiled
+# variant for every batch: a block sized to each batch's N compiled a new variant while serving whenever a
+# step met a batch size the warm-up had not (seconds per variant on a bare machine).
+EXPORT_SEQ_BLOCK = 64
+
 
 @triton.jit
 def _zero_fresh_kernel(pool, indices, has_initial, slot_stride, slot_numel, BLOCK: tl.constexpr):
@@ -77,7 +82,7 @@ def decode_delta_rule_in_place(
     return o.reshape(v.shape), decode_exports(state_pool, state_indices, export_token_ids)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])
 def _export_kernel(
     h,
     k,
@@ -105,9 +110,11 @@ def _export_kernel(
     kk = tl.arange(0, BK)
     k_ok, v_ok = kk < K, vv < V
     t = tl.load(export_ids + e).to(tl.int64)
-    seqs = tl.arange(0, BLOCK_N)
-    ends = tl.load(cu_seqlens + 1 + seqs, mask=seqs < N, other=0).to(tl.int64)
-    seq = tl.sum(((ends <= t) & (seqs < N)).to(tl.int32))  # sequences that end at or before t
+    seq = 0  # sequences that end at or before t, counted BLOCK_N at a time (one variant for any N)
+    for first_seq in range(0, N, BLOCK_N):
+        seqs = first_seq + tl.arange(0, BLOCK_N)
+        ends = tl.load(cu_seqlens + 1 + seqs, mask=seqs < N, other=0).to(tl.int64)
+        seq += tl.sum(((ends <= t) & (seqs < N)).to(tl.int32))
     bos = tl.load(cu_seqlens + seq).to(tl.int64)
     local_chunk = (t - bos) // C
     first = bos + local_chunk * C
@@ -185,7 +192,7 @@ def states_at_exports_fused(
         C=chunk_size,
         BK=triton.next_power_of_2(kdim),
         BV=bv,
-        BLOCK_N=triton.next_power_of_2(max(n, 1)),
+        BLOCK_N=EXPORT_SEQ_BLOCK,
         PER_CHANNEL=g_cum.dim() == 4,
         V_FIRST=v_first,
     )

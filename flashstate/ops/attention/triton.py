@@ -100,7 +100,9 @@ def _tile_step(
     return acc, m_new, l_i
 
 
-@triton.jit
+# Arguments that change from step to step are not specialised (== 1, divisible by 16): each new combination
+# was a variant compiled inside a served step, which the warm-up cannot enumerate.
+@triton.jit(do_not_specialize=["num_tiles", "stride_bt", "T"])
 def _paged_attention_kernel(
     q,
     k_cache,
