@@ -74,3 +74,8 @@ run_variant() {
 for v in ${VARIANTS:-one fleet fleet-shared}; do
   run_variant "$v"
 done
+# On the device machine only a few files come back from $OUT: the results go back as one archive too
+# (keep RESULTS outside $OUT there).
+if [ -n "${OUT:-}" ]; then
+  tar -czf "$OUT/fleet.tgz" -C "$RESULTS" .
+fi
