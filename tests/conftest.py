@@ -1,6 +1,7 @@
 import gc
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +11,19 @@ os.environ.setdefault("FLASHSTATE_HOME", tempfile.mkdtemp(prefix="flashstate-tes
 # litellm (under mini-swe-agent and the litellm tests) reads its model cost map from the package, not the
 # network, which CI does not reach
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def traces() -> Path:
+    """The real Claude-Code traces: FLASHSTATE_TRACES, default ../shared/traces/claude-code next to the
+    repository; tests that need them skip where they are not."""
+    path = Path(os.environ.get("FLASHSTATE_TRACES", REPO.parent / "shared" / "traces" / "claude-code"))
+    if not path.is_dir():
+        pytest.skip(f"real traces not found at {path} (set FLASHSTATE_TRACES)")
+    return path
 
 
 @pytest.fixture(scope="session")

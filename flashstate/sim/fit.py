@@ -10,6 +10,7 @@ term whose weight would go negative is dropped and the rest refitted).
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,8 @@ def read_steps(paths: list[Path]) -> list[dict[str, Any]]:
     rows = []
     for path in paths:
         try:
-            lines = path.read_text().splitlines()
+            text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+            lines = text.splitlines()
         except OSError as e:
             raise ValueError(f"{path}: {e.strerror}") from None
         for i, line in enumerate(lines, 1):
@@ -123,3 +125,32 @@ def fitted_profile(
             f"{base.name}"
         ),
     }
+
+
+def step_model_error(profile: Profile, rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """How `profile`'s step model prices recorded steps: {"decode": …, "prefill": …}, each the steps'
+    count, their measured and modelled seconds, and the relative error (modelled / measured − 1). Every
+    step with prefill is priced as an eager one (step_s): a step trace does not say which ran as a graph."""
+
+    def modelled(r: dict[str, Any]) -> float:
+        seconds = profile.decode(r["decode_seqs"], r["decode_context"])
+        if r["prefill_tokens"]:
+            p = profile.prefill
+            seconds += profile.prefill_step_s + p.a * r["prefill_tokens"] + p.b * r["prefill_pairs"]
+        return seconds
+
+    kinds = {
+        "decode": [r for r in rows if not r["prefill_tokens"] and r["decode_seqs"]],
+        "prefill": [r for r in rows if r["prefill_tokens"]],
+    }
+    out: dict[str, dict[str, float]] = {}
+    for kind, picked in kinds.items():
+        measured = sum(r["ms"] for r in picked) / 1e3
+        model = sum(modelled(r) for r in picked)
+        out[kind] = {
+            "steps": len(picked),
+            "measured_s": measured,
+            "modelled_s": model,
+            "error": model / measured - 1 if measured else 0.0,
+        }
+    return out
