@@ -20,7 +20,8 @@
 # (more serve flags for every server: engine features, e.g. --no-mixed-step-graphs), GPUS (default
 # 1: the runs one after another; N > 1 spreads them over GPUs 0..N-1, one server per GPU at a time, each
 # measured alone on its card, then merges the results), AGENTS (default 48; also the servers'
-# --max-num-seqs), and any extra `bench compare` flags after the mode.
+# --max-num-seqs), LENGTH_SCALE / MAX_CONTEXT (default 0.25 / 65536; a real-size preset at real lengths:
+# 1 and its max_model_len), KV_BYTES=card (no budget: what the weights leave), and any extra `bench compare` flags after the mode.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mode="${1:?usage: headline.sh policies|ablation [bench compare flags]}"
@@ -39,18 +40,25 @@ case "$PRESET" in  # where the simulator puts vllm near the reference's ~30% (do
 esac
 KV_BYTES="${KV_BYTES:-$default_kv}"
 if [ -z "$KV_BYTES" ]; then
-  echo "headline.sh: no default KV_BYTES for preset $PRESET (set KV_BYTES)" >&2
+  echo "headline.sh: no default KV_BYTES for preset $PRESET (set KV_BYTES; 'card': the memory weights leave)" >&2
   exit 2
 fi
 GPUS="${GPUS:-1}"
 AGENTS="${AGENTS:-48}"
 PY="${PYTHON:-python3}"
-model="$("$PY" -c "from flashstate.models.presets import preset_dir; print(preset_dir('$PRESET'))")"
-serve="--device ${DEVICE:-cuda} --dtype ${DTYPE:-bfloat16} --max-num-seqs $AGENTS --max-num-batched-tokens 8192 --kv-cache-memory-bytes $KV_BYTES ${SERVE_ARGS:-}"
+budget="--kv-cache-memory-bytes $KV_BYTES"
+[ "$KV_BYTES" != card ] || budget=""  # no budget chosen: the card's memory, as a user runs it
+if "$PY" -c "import sys; from flashstate.models.presets import DUMMY_ONLY; sys.exit('$PRESET' not in DUMMY_ONLY)"; then
+  model="$PRESET"  # a real-size preset: random weights made on the device, never written to disk
+  budget="$budget --load-format dummy"
+else
+  model="$("$PY" -c "from flashstate.models.presets import preset_dir; print(preset_dir('$PRESET'))")"
+fi
+serve="--device ${DEVICE:-cuda} --dtype ${DTYPE:-bfloat16} --max-num-seqs $AGENTS --max-num-batched-tokens 8192 $budget ${SERVE_ARGS:-}"
 common=(
   --model "$model" --workload "$TRACES" --seed 0 --agents "$AGENTS" --warmup "$WARMUP" --duration "$DURATION" --drain "$DRAIN"
-  --length-scale 0.25 --max-context 65536 --time-scale 0.05 --max-think-time 5 --max-output-tokens 512
-  --server-timeout 900 --no-progress
+  --length-scale "${LENGTH_SCALE:-0.25}" --max-context "${MAX_CONTEXT:-65536}" --time-scale 0.05 --max-think-time 5
+  --max-output-tokens 512 --server-timeout 900 --no-progress
 )
 # one run: its name, then its `bench compare` selection
 runs=()
