@@ -131,6 +131,11 @@ class EngineConfig:
     admission_cache_reserve: float = _engine(
         0.25, "memory admission: the fraction of the cache the running requests leave to cached prefixes"
     )
+    admission_cold_reserve: float = _engine(
+        0.55,
+        "memory admission: the fraction they leave when the request admitted is mostly uncached (the larger "
+        "of this and --admission-cache-reserve; not for an aged request): a cold prompt's blocks are all new",
+    )
     max_queue_wait_seconds: float = _engine(
         900.0,
         "memory admission: a request queued this long goes first and is never passed over (until then "
@@ -423,6 +428,8 @@ class EngineConfig:
             raise ValueError("prefill_cost_coefficients must be two non-negative numbers A B")
         if not 0 <= self.admission_cache_reserve < 1:
             raise ValueError(f"admission_cache_reserve must be in [0, 1), got {self.admission_cache_reserve}")
+        if not 0 <= self.admission_cold_reserve < 1:
+            raise ValueError(f"admission_cold_reserve must be in [0, 1), got {self.admission_cold_reserve}")
         if not self.max_queue_wait_seconds >= 0:
             raise ValueError(f"max_queue_wait_seconds must be >= 0, got {self.max_queue_wait_seconds}")
         if self.prefix_cache_leaf_idle_seconds < 0:

@@ -7,8 +7,12 @@ The running set's *footprint* is the KV blocks its sequences would hold at their
 capped at max_model_len. A waiting sequence is admitted only when the footprint with it stays within the
 running share of the cache, (1 − cache_reserve) × the blocks the cache could give, so the running set
 grows into what it was admitted for without preempting, and the reserve stays for cached units (the
-resume points of the sessions not running). When nothing runs the candidate is admitted whatever its size
-(the scheduler's liveness rule).
+resume points of the sessions not running). A *cold* sequence (hit depth < half its prompt) that is not
+aged must leave the larger `cold_reserve`: its whole footprint is new blocks, taken from the cached units
+of sessions that will come back, while a mostly-cached one runs mostly on its own prefix. Under overload
+this keeps the sessions that are cycling cached (a cold first turn waits for the running set to shrink, or
+until it is aged); with memory to spare nothing waits for it. When nothing runs the candidate is admitted
+whatever its size (the scheduler's liveness rule).
 
 Order of the waiting queue (`order`): a sequence that has waited `max_wait_seconds` or more is *aged*;
 aged ones go first, in queue order, and an aged one that does not fit is never passed over (admission
@@ -32,6 +36,7 @@ class MemoryAdmission:
     cache_reserve: float  # fraction of the cache the running set leaves to cached units
     max_wait_seconds: float
     max_model_len: int
+    cold_reserve: float = 0.0  # the reserve a cold, non-aged sequence must leave (at least cache_reserve)
 
     def expected_len(self, seq: Sequence) -> int:
         out = seq.params.max_tokens
@@ -42,13 +47,22 @@ class MemoryAdmission:
         """KV blocks `seq` holds at its expected length."""
         return cache.block_pool.blocks_for(self.expected_len(seq))
 
-    def limit(self, cache: CacheManager) -> int:
-        """Blocks the running set may grow into."""
-        reserve = self.cache_reserve if cache.enabled else 0.0
-        return int(cache.kv_capacity_blocks * (1.0 - reserve))
+    def limit(self, cache: CacheManager, cold: bool = False) -> int:
+        """Blocks the running set may grow into (admitting a cold sequence: leaving `cold_reserve`)."""
+        reserve = max(self.cache_reserve, self.cold_reserve) if cold else self.cache_reserve
+        return int(cache.kv_capacity_blocks * (1.0 - (reserve if cache.enabled else 0.0)))
+
+    def limit_for(self, cache: CacheManager, seq: Sequence, now: float, hit: dict[int, int]) -> int:
+        """`limit` for admitting the waiting `seq` (`hit`: each waiting one's cached depth)."""
+        return self.limit(cache, cold=not self.aged(seq, now) and not self.cached(seq, hit))
 
     def aged(self, seq: Sequence, now: float) -> bool:
         return now - seq.stats.arrival_time >= self.max_wait_seconds
+
+    @staticmethod
+    def cached(seq: Sequence, hit: dict[int, int]) -> bool:
+        """Mostly cached: a hit depth of at least half the prompt (a short prefill, on its own prefix)."""
+        return 2 * hit.get(id(seq), 0) >= seq.num_prompt_tokens
 
     def order(
         self, waiting: list[Sequence], now: float, hit: dict[int, int], by_priority: bool
@@ -59,7 +73,6 @@ class MemoryAdmission:
             i, seq = item
             aged = self.aged(seq, now)
             prio = seq.priority if by_priority else 0
-            cached = 2 * hit.get(id(seq), 0) >= seq.num_prompt_tokens
-            return (not aged, prio, aged or not cached, i)
+            return (not aged, prio, aged or not self.cached(seq, hit), i)
 
         return [seq for _, seq in sorted(enumerate(waiting), key=key)]

@@ -63,6 +63,7 @@ def memory_admission(config: EngineConfig, max_model_len: int) -> MemoryAdmissio
         config.admission_cache_reserve,
         config.max_queue_wait_seconds,
         max_model_len,
+        config.admission_cold_reserve,
     )
 
 
@@ -326,11 +327,11 @@ class Scheduler:
         else:
             order = adm.order(list(self.waiting), now, self._hits, self.by_priority)
         used = self._running_footprint(adm)
-        limit = adm.limit(self.cache)
         for seq in order:
             if budget <= 0 or len(self.running) + len(self.restoring) >= self.max_num_seqs:
                 break
             need = adm.footprint(self.cache, seq)
+            limit = adm.limit_for(self.cache, seq, now, self._hits)
             if (self.running or self.restoring) and used + need > limit:
                 if adm.aged(seq, now):
                     self.stats.admission_blocked += 1
@@ -378,8 +379,11 @@ class Scheduler:
             return False
         adm = self.admission
         used = self._running_footprint(adm)
-        limit = adm.limit(self.cache)
-        return all(used + adm.footprint(self.cache, s) > limit for s in self.waiting)
+        now = self.cache.clock()
+        return all(
+            used + adm.footprint(self.cache, s) > adm.limit_for(self.cache, s, now, self._hits)
+            for s in self.waiting
+        )
 
     def _leave_queue(self, seq: Sequence) -> None:
         self.waiting.remove(seq)

@@ -42,7 +42,7 @@ def _policy(name: str) -> Policy:
 
 
 def _scheduler(name: str, clock: Clock, num_blocks=32, slots=10, max_num_seqs=4, budget=16, reserve=0.25,
-               expected=8, max_wait=5.0) -> Scheduler:  # fmt: skip
+               expected=8, max_wait=5.0, cold_reserve=0.0) -> Scheduler:  # fmt: skip
     pages = VllmPagePool(24, 8, num_state_groups=2, max_chunk_tokens=16) if name == "vllm" else None
     cache = CacheManager(
         BlockPool(num_blocks, BLOCK),
@@ -54,7 +54,9 @@ def _scheduler(name: str, clock: Clock, num_blocks=32, slots=10, max_num_seqs=4,
         pages=pages,
         byte_budget=num_blocks * 64 if name == "flashstate" else None,
     )
-    admission = MemoryAdmission(expected, reserve, max_wait, 1000) if name == "flashstate" else None
+    admission = (
+        MemoryAdmission(expected, reserve, max_wait, 1000, cold_reserve) if name == "flashstate" else None
+    )
     flash = name == "flashstate"
     return Scheduler(
         cache, max_num_seqs, budget, 1000, arrivals_first=flash, admission=admission, preempt_checkpoint=flash
@@ -126,6 +128,58 @@ def test_a_mostly_cached_prompt_goes_before_an_earlier_uncached_one():
     assert warm.stats.num_cached_tokens > 0
 
 
+def _cold_reserve_scene(clock: Clock, cold_reserve: float) -> tuple[Scheduler, Sequence, list[Sequence]]:
+    """32 blocks, reserve 0.25 (the running set may grow into 24), cold reserve `cold_reserve`: a finished
+    session "a" (cached), then "runner" (40 + 8 tokens: 12 blocks) running."""
+    sched = _scheduler(
+        "flashstate", clock, max_num_seqs=8, budget=100, max_wait=50.0, cold_reserve=cold_reserve
+    )
+    a = _seq("a", list(range(20)), 2, clock.now)
+    sched.add(a)
+    finished: list[Sequence] = []
+    while not finished:
+        _step(sched, clock, finished)
+    sched.add(_seq("runner", [100 + i for i in range(40)], 8, clock.now))
+    _step(sched, clock, finished)
+    assert [s.request_id for s in sched.running] == ["runner"]
+    return sched, a, finished
+
+
+def test_a_cold_prompt_leaves_the_cold_reserve_a_cached_one_does_not():
+    clock = Clock()
+    # cold reserve 0.5: a cold request may grow the running set into 16 blocks only; 12 + 7 > 16
+    sched, a, finished = _cold_reserve_scene(clock, 0.5)
+    cold = _seq("cold", [200 + i for i in range(20)], 8, clock.now)  # 28 tokens: 7 blocks, nothing cached
+    sched.add(cold)
+    _step(sched, clock, finished)
+    assert cold in sched.waiting and sched.admission_blocked()
+    warm = _seq("warm", a.token_ids + [1, 2], 8, clock.now)  # 22 + 2 + 8 = 32 tokens: 8 blocks, cached
+    sched.add(warm)
+    assert not sched.admission_blocked()
+    _step(sched, clock, finished)
+    assert warm in sched.running and warm.stats.num_cached_tokens > 0
+    assert cold in sched.waiting
+    # without the cold reserve the same cold request fits beside the runner (12 + 7 <= 24)
+    clock2 = Clock()
+    sched2, _, finished2 = _cold_reserve_scene(clock2, 0.0)
+    cold2 = _seq("cold", [200 + i for i in range(20)], 8, clock2.now)
+    sched2.add(cold2)
+    _step(sched2, clock2, finished2)
+    assert cold2 in sched2.running
+
+
+def test_an_aged_cold_prompt_is_held_to_the_cache_reserve_alone():
+    clock = Clock()
+    sched, _, finished = _cold_reserve_scene(clock, 0.5)
+    cold = _seq("cold", [200 + i for i in range(20)], 8, clock.now)
+    sched.add(cold)
+    _step(sched, clock, finished)
+    assert cold in sched.waiting
+    clock.now += 50.0  # aged: 12 + 7 <= 24 blocks, the cold reserve no longer applies
+    _step(sched, clock, finished)
+    assert cold in sched.running or cold in finished
+
+
 def test_an_aged_request_is_never_passed_over():
     clock = Clock()
     sched = _scheduler("flashstate", clock, max_num_seqs=8, budget=100, max_wait=3.0)
@@ -172,7 +226,7 @@ MAX_STEPS = 5000
 def test_every_admitted_workload_drains(name, work, seed):
     random.seed(seed)
     clock = Clock()
-    sched = _scheduler(name, clock, num_blocks=40, max_num_seqs=3, budget=24)
+    sched = _scheduler(name, clock, num_blocks=40, max_num_seqs=3, budget=24, cold_reserve=0.55)
     pending = sorted(enumerate(work), key=lambda x: x[1][0])
     added, finished = [], []
     for _ in range(MAX_STEPS):

@@ -41,6 +41,8 @@ def simulated(traces, tmp_path_factory):
     r, command = result["replay"], result["server"]["command"]
     # the engine flags the servers ran with (the policy aside), as the command line recorded them
     flags = [f"{k} {command[command.index(k) + 1]}" for k in ENGINE_FLAGS]
+    # the servers predate the cold reserve of memory admission: 0 (the cache reserve alone) is what they ran
+    flags.append("--admission-cold-reserve 0")
     rc = main([
         "simulate", "--profile", PROFILE, "--workload", str(traces), "--policies", "flashstate,vllm",
         "--serve-args", " ".join(flags), "--seed", str(r["seed"]), "--agents", str(r["agents"]),
