@@ -9,7 +9,7 @@ hit rate, TTFT p50/p90, output TPM, completed agents, the longest queue wait and
     # have no memory admission, run once):
     PYTHONPATH=. python benchmarks/sim_overload.py --traces /work/shared/traces/claude-code --agents 256 \
         --trace-split tune --policies flashstate --max-queue-wait 300 900 1800 --cache-reserve 0.1 0.25 0.4 \
-        --expected-output 1024 2048 --out DIR
+        --cold-reserve 0 0.55 --expected-output 1024 2048 --out DIR
 
 Each run: the profile's served engine flags (default: the 2B preset's served H200 profile) with
 --kv-cache-memory-bytes BUDGET --max-num-seqs S and the policy (flashstate: memory admission and preemption
@@ -44,6 +44,7 @@ SERVED = "h200-qwen3-next-2b-served"
 KNOBS = (  # memory admission's knobs (flashstate only): column, engine flag
     ("max_queue_wait", "--max-queue-wait-seconds"),
     ("cache_reserve", "--admission-cache-reserve"),
+    ("cold_reserve", "--admission-cold-reserve"),
     ("expected_output", "--admission-expected-output-tokens"),
 )
 
@@ -58,7 +59,7 @@ def knob_text(r: dict[str, Any]) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| split | agents | policy | wait / reserve / out | token hit rate | unbounded-cache ceiling "
+        "| split | agents | policy | wait / reserve / cold / out | token hit rate | unbounded-cache ceiling "
         "| first-turn share "
         "| later-turn hit rate | TTFT p50 (s) | TTFT p90 (s) | requests | cut | agents served | output TPM "
         "| completed agents "
@@ -126,6 +127,7 @@ def main() -> int:
     p.add_argument("--trace-split", default=None, choices=["tune", "validate"], help="one half of the traces")
     p.add_argument("--max-queue-wait", type=float, nargs="+", default=[None], help="flashstate: s (grid)")
     p.add_argument("--cache-reserve", type=float, nargs="+", default=[None], help="flashstate: share (grid)")
+    p.add_argument("--cold-reserve", type=float, nargs="+", default=[None], help="flashstate: share (grid)")
     p.add_argument("--expected-output", type=int, nargs="+", default=[None], help="flashstate: tokens (grid)")
     p.add_argument("--serve-args", nargs=argparse.REMAINDER, default=[], help="more engine flags (last)")
     p.add_argument("--warmup", type=float, default=0.0, help="simulated seconds before the window")
@@ -140,7 +142,9 @@ def main() -> int:
     common = {k: getattr(args, k) for k in ("budget", "max_num_seqs", "profile", "serve_args", "warmup",
                                              "duration", "ramp", "seed")}  # fmt: skip
     common["split"] = args.trace_split
-    grid = list(itertools.product(args.max_queue_wait, args.cache_reserve, args.expected_output))
+    grid = list(
+        itertools.product(args.max_queue_wait, args.cache_reserve, args.cold_reserve, args.expected_output)
+    )
     jobs = []
     for n in args.agents:
         for policy in args.policies:
