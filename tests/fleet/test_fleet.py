@@ -13,19 +13,12 @@ import pytest
 
 from flashstate.bench import synthetic
 from flashstate.bench.config import ReplayConfig
-from flashstate.bench.metrics import parse_prometheus
 from flashstate.bench.replay import fetch_metrics, replay
 from flashstate.bench.synthetic_defaults import DEFAULT as SYNTHETIC
 from flashstate.fleet.launch import FleetSpec, running_fleet
-from flashstate.fleet.router import router_executable
+from tests.fleet.conftest import MODEL, SERVE, master_metric, metric, skip_without_router, wait_until
 
-try:
-    router_executable()
-except FileNotFoundError as e:
-    pytest.skip(str(e), allow_module_level=True)
-
-SERVE = ("--device", "cpu", "--max-num-seqs", "4", "--max-model-len", "8192", "--host-chunk-tokens", "32")
-MODEL = "flashstate-tiny"
+skip_without_router()
 
 
 @pytest.fixture(scope="module")
@@ -33,14 +26,6 @@ def fleet(tmp_path_factory):
     spec = FleetSpec(replicas=2, policy="cache_aware", shared=True, host_cache_bytes="64M", serve_args=SERVE)
     with running_fleet(spec, tmp_path_factory.mktemp("fleet")) as f:
         yield f
-
-
-def _metrics(url: str) -> dict[str, float]:
-    return parse_prometheus(httpx.get(f"{url}/metrics", timeout=30).text)
-
-
-def _metric(url: str, name: str) -> float:
-    return sum(v for k, v in _metrics(url).items() if k.split("{")[0] == name)
 
 
 def _complete(url: str, prompt: list[int], **extra) -> dict:
@@ -51,28 +36,19 @@ def _complete(url: str, prompt: list[int], **extra) -> dict:
     return r.json()
 
 
-def _wait(predicate, timeout: float = 60.0) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition never held"
-        time.sleep(0.1)
-
-
 def test_a_replica_restores_a_session_another_replica_served(fleet):
     first, second = (r.url for r in fleet.replicas)
     rng = random.Random(0)
     prompt = [rng.randrange(2000) for _ in range(300)]
     out = _complete(first, prompt)["choices"][0]["token_ids"]
-    _wait(lambda: _metric(first, "flashstate:host_cache_states_written_total") >= 1)
+    wait_until(lambda: metric(first, "flashstate:host_cache_states_written_total") >= 1)
     # the next turn appends 7 chunks of 32: the state lies far below the prompt's end
     turn = prompt + out + [rng.randrange(2000) for _ in range(230)]
     got = _complete(second, turn)
     depth = len(prompt) + len(out) - 1  # the last sampled token never ran through the model
     assert got["usage"]["prompt_tokens_details"]["cached_tokens"] == depth
-    assert _metric(second, "flashstate:host_cache_remote_restores_total") == 1
-    assert _metric(second, "flashstate:host_cache_remote_restored_tokens_total") == depth
+    assert metric(second, "flashstate:host_cache_remote_restores_total") == 1
+    assert metric(second, "flashstate:host_cache_remote_restored_tokens_total") == depth
     fresh = _complete(first, turn, cache_salt="reference")  # another salt: no state of it anywhere
     assert fresh["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert got["choices"][0]["token_ids"] == fresh["choices"][0]["token_ids"]
@@ -80,15 +56,15 @@ def test_a_replica_restores_a_session_another_replica_served(fleet):
 
 def test_a_replica_killed_mid_replay_loses_no_session_and_rejoins(fleet):
     config = ReplayConfig(
-        base_url=fleet.url, agents=8, duration_s=600, max_requests=60, length_scale=0.01, time_scale=0.0,
+        base_url=fleet.url, agents=8, duration_s=600, max_requests=120, length_scale=0.01, time_scale=0.0,
         max_output_tokens=4, retries=6, progress=False, seed=3,
     )  # fmt: skip
     victim = fleet.replicas[1]
-    served_before = _metric(victim.url, "vllm:request_success_total")
+    served_before = metric(victim.url, "vllm:request_success_total")
     killed = threading.Event()
 
     def kill_when_busy() -> None:
-        _wait(lambda: _metric(victim.url, "vllm:request_success_total") >= served_before + 3, 300)
+        wait_until(lambda: metric(victim.url, "vllm:request_success_total") >= served_before + 3, 300)
         victim.kill(signal.SIGKILL)
         killed.set()
 
@@ -102,13 +78,13 @@ def test_a_replica_killed_mid_replay_loses_no_session_and_rejoins(fleet):
     assert all(r.error is None or "HTTP 4" not in r.error for r in result.requests)
 
     assert fleet.restart_dead() == [1]  # started again on its port: the router's health poll lets it back in
-    _wait(lambda: httpx.get(f"{fleet.url}/readiness", timeout=10).json().get("healthy_workers") == 2)
-    before = _metric(victim.url, "vllm:request_success_total")
+    wait_until(lambda: httpx.get(f"{fleet.url}/readiness", timeout=10).json().get("healthy_workers") == 2)
+    before = metric(victim.url, "vllm:request_success_total")
     _complete(victim.url, [1, 2, 3])
-    assert _metric(victim.url, "vllm:request_success_total") == before + 1
+    assert metric(victim.url, "vllm:request_success_total") == before + 1
     # bench's /metrics behind the router: both replicas' counters, summed
     merged = asyncio.run(_fetch(fleet.url))
-    parts = [_metric(r.url, "vllm:prompt_tokens_total") for r in fleet.replicas]
+    parts = [metric(r.url, "vllm:prompt_tokens_total") for r in fleet.replicas]
     assert sum(v for k, v in merged.items() if k.split("{")[0] == "vllm:prompt_tokens_total") >= sum(parts)
 
 
@@ -124,16 +100,19 @@ def test_the_master_killed_and_started_again_stops_no_request_and_sharing_resume
     rng = random.Random(1)
     prompt = [rng.randrange(2000) for _ in range(200)]
     assert _complete(fleet.url, prompt)["choices"][0]["token_ids"]  # served without the tier
-    _wait(lambda: any(_metric(r.url, "flashstate:host_cache_available") == 0 for r in fleet.replicas))
+    wait_until(lambda: any(metric(r.url, "flashstate:host_cache_available") == 0 for r in fleet.replicas))
 
     fleet.restart_master(tmp_path / "master-again.log")
     for url in (first, second):
-        _wait(lambda url=url: _metric(url, "flashstate:host_cache_available") == 1)
+        wait_until(lambda url=url: metric(url, "flashstate:host_cache_available") == 1)
+    # the new master takes a replica's puts once that replica has mounted its segment there again (its ping
+    # counts the refusal before as the master being up): both segments, 64 MiB each
+    wait_until(lambda: master_metric(fleet.master, "master_total_capacity_bytes") >= 2 * (64 << 20))
     # sharing works again on the new (empty) master
-    written = _metric(first, "flashstate:host_cache_states_written_total")
-    restored = _metric(second, "flashstate:host_cache_remote_restores_total")
+    written = metric(first, "flashstate:host_cache_states_written_total")
+    restored = metric(second, "flashstate:host_cache_remote_restores_total")
     out = _complete(first, prompt + [7] * 10)["choices"][0]["token_ids"]
-    _wait(lambda: _metric(first, "flashstate:host_cache_states_written_total") > written)
+    wait_until(lambda: metric(first, "flashstate:host_cache_states_written_total") > written)
     got = _complete(second, prompt + [7] * 10 + out + [rng.randrange(2000) for _ in range(40)])
     assert got["usage"]["prompt_tokens_details"]["cached_tokens"] == len(prompt) + 10 + len(out) - 1
-    assert _metric(second, "flashstate:host_cache_remote_restores_total") == restored + 1
+    assert metric(second, "flashstate:host_cache_remote_restores_total") == restored + 1
