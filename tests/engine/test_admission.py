@@ -145,13 +145,19 @@ def _cold_reserve_scene(clock: Clock, cold_reserve: float) -> tuple[Scheduler, S
     return sched, a, finished
 
 
+def _cold_after_a_step(clock: Clock, cold_reserve: float) -> tuple[Scheduler, Sequence, list, Sequence]:
+    """`_cold_reserve_scene`, then a cold request (28 tokens: 7 blocks, nothing cached) added and a step."""
+    sched, a, finished = _cold_reserve_scene(clock, cold_reserve)
+    cold = _seq("cold", [200 + i for i in range(20)], 8, clock.now)
+    sched.add(cold)
+    _step(sched, clock, finished)
+    return sched, a, finished, cold
+
+
 def test_a_cold_prompt_leaves_the_cold_reserve_a_cached_one_does_not():
     clock = Clock()
     # cold reserve 0.5: a cold request may grow the running set into 16 blocks only; 12 + 7 > 16
-    sched, a, finished = _cold_reserve_scene(clock, 0.5)
-    cold = _seq("cold", [200 + i for i in range(20)], 8, clock.now)  # 28 tokens: 7 blocks, nothing cached
-    sched.add(cold)
-    _step(sched, clock, finished)
+    sched, a, finished, cold = _cold_after_a_step(clock, 0.5)
     assert cold in sched.waiting and sched.admission_blocked()
     warm = _seq("warm", a.token_ids + [1, 2], 8, clock.now)  # 22 + 2 + 8 = 32 tokens: 8 blocks, cached
     sched.add(warm)
@@ -160,20 +166,13 @@ def test_a_cold_prompt_leaves_the_cold_reserve_a_cached_one_does_not():
     assert warm in sched.running and warm.stats.num_cached_tokens > 0
     assert cold in sched.waiting
     # without the cold reserve the same cold request fits beside the runner (12 + 7 <= 24)
-    clock2 = Clock()
-    sched2, _, finished2 = _cold_reserve_scene(clock2, 0.0)
-    cold2 = _seq("cold", [200 + i for i in range(20)], 8, clock2.now)
-    sched2.add(cold2)
-    _step(sched2, clock2, finished2)
+    sched2, _, _, cold2 = _cold_after_a_step(Clock(), 0.0)
     assert cold2 in sched2.running
 
 
 def test_an_aged_cold_prompt_is_held_to_the_cache_reserve_alone():
     clock = Clock()
-    sched, _, finished = _cold_reserve_scene(clock, 0.5)
-    cold = _seq("cold", [200 + i for i in range(20)], 8, clock.now)
-    sched.add(cold)
-    _step(sched, clock, finished)
+    sched, _, finished, cold = _cold_after_a_step(clock, 0.5)
     assert cold in sched.waiting
     clock.now += 50.0  # aged: 12 + 7 <= 24 blocks, the cold reserve no longer applies
     _step(sched, clock, finished)
