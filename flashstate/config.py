@@ -23,7 +23,7 @@ CheckpointPlacement = Literal["asc", "aligned"]
 KvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]  # vLLM's names; fp8 is fp8_e4m3
 LoadFormat = Literal["auto", "safetensors", "dummy"]  # vLLM's names; auto and safetensors read the same files
 Quantization = Literal["fp8"]  # vLLM's name: block-wise FP8 weights (spec/quantization.py)
-FallbackCheckpoints = Literal["off", "retry", "sparse"]
+FallbackCheckpoints = Literal["off", "retry", "sparse", "auto"]
 
 CACHE_POLICIES: tuple[str, ...] = get_args(CachePolicy)
 
@@ -205,10 +205,11 @@ class EngineConfig:
         True, "export planned checkpoints (message ends, branch points) from inside prefill chunks"
     )
     mamba_fallback_checkpoints: FallbackCheckpoints = _cache(
-        "retry",
+        "auto",
         "flashstate policy: checkpoints a request can fall back to when the next one leaves the frontier's "
         "path, priced by the same admission as the rest: off, retry (one token before each prompt's end: "
-        "retries and edits inside the reply), sparse (retry, and every vLLM block boundary of a prefill)",
+        "retries and edits inside the reply), sparse (retry, and every vLLM block boundary of a prefill), "
+        "auto (retry, and the block boundaries while they fit without evicting anything, evicted first)",
     )
     prefix_cache_eviction: Eviction | None = _cache(
         None,
@@ -405,7 +406,7 @@ class EngineConfig:
             )
         if self.mamba_fallback_checkpoints not in get_args(FallbackCheckpoints):
             raise ValueError(
-                "mamba_fallback_checkpoints must be off, retry or sparse, "
+                "mamba_fallback_checkpoints must be off, retry, sparse or auto, "
                 f"got {self.mamba_fallback_checkpoints!r}"
             )
         if self.mamba_checkpoint_placement not in get_args(CheckpointPlacement):

@@ -5,7 +5,9 @@ Verbs:
                           prompt's cached path, restored into the working slot; KV blocks shared,
                           except a partially filled last block, which is copied (copy-on-write)
     allocate(seq, n)      KV blocks for the next n tokens, evicting cache units when short
-    exports(seq, n)       checkpoint slots for planned positions inside the next n tokens
+    exports(seq, n)       checkpoint slots for planned positions inside the next n tokens; a spare one
+                          (the policy's `auto` block-boundary fallbacks) only while it fits without
+                          evicting anything, now or for the live sequences' prompts (`spare_room`)
     commit_export(...)    after the step: the exported state becomes a checkpoint in the tree
     release(seq, commit)  at request end the frontier checkpoint is committed (policy permitting),
                           then every block reference and the working slot are returned
@@ -30,7 +32,9 @@ or a new checkpoint is admitted, units are evicted by the policy's priority, whi
 until the charge fits. Working slots are reserved apart and not charged.
 
 Victims come from an `EvictionIndex` (cache/eviction_index.py) over the tree: every stamp, checkpoint
-set or cleared and lock taken or dropped here is reported to it.
+set or cleared and lock taken or dropped here is reported to it. Before it, spare checkpoints (from spare
+exports, not hit by any request since) go, oldest first and unpriced (the GDS clock stays): they hold only
+memory nothing else wanted when they were taken, and give it back first; a hit makes one a priced unit.
 """
 
 from __future__ import annotations
@@ -73,6 +77,12 @@ class CacheManager:
         self._copy_block = copy_block
         self.clock = clock
         self._inflight: set[int] = set()  # export slots between schedule and commit
+        # admitted sequences (by id) until released, and the spare positions of each one's export plan
+        self._live: dict[int, Sequence] = {}
+        self._spare: dict[int, frozenset[int]] = {}
+        # checkpoints from spare exports not hit since (by id, oldest first): the first victims of any kind
+        self._spare_nodes: dict[int, Node] = {}
+        self.spare_exports = [0, 0]  # spare exports skipped, taken
         self.num_checkpoints = 0
         self.host = host
         self.pages = pages
@@ -109,9 +119,11 @@ class CacheManager:
             self.state_pool.free(slot)
             seq.state_slot = None
             return False
+        self._live[id(seq)] = seq  # until release()
         self._lock(match.node, +1)  # from here on nothing on the hit path can be evicted
         if self.host is not None and not miss and self._restore_from_host(seq, match):
             return True
+        self._spare_nodes.pop(id(match.node), None)  # a hit: a spare checkpoint has proved its worth
         if match.depth:
             table = self.tree.block_table(match.node)
             full = match.depth // self.block_size
@@ -131,8 +143,15 @@ class CacheManager:
                 self._stamp(match.node, self.clock())
         seq.num_computed_tokens = match.depth
         seq.cache_handle = match.node
-        seq.export_plan = self.policy.plan_exports(seq, match)
+        self._plan(seq, match)
         return True
+
+    def _plan(self, seq: Sequence, match: Match) -> None:
+        seq.export_plan, spare = self.policy.plan_exports(seq, match)
+        if spare:
+            self._spare[id(seq)] = spare
+        else:
+            self._spare.pop(id(seq), None)
 
     def cached_depth(self, seq: Sequence) -> int:
         """The depth `admit` would restore from the GPU tree now (the vLLM page pool not asked); takes
@@ -229,10 +248,17 @@ class CacheManager:
         return self.charged_bytes + extra <= self.byte_budget
 
     def exports(self, seq: Sequence, num_new_tokens: int) -> list[tuple[int, int]]:
-        """(tokens into this chunk, destination slot) for planned checkpoints the chunk passes."""
+        """(tokens into this chunk, destination slot) for planned checkpoints the chunk passes; a spare one
+        only when `spare_room()` (else it is skipped: it never evicts, directly or later)."""
         start, out = seq.num_computed_tokens, []
+        spare = self._spare.get(id(seq), frozenset())
         for p in seq.export_plan:
             if start < p <= start + num_new_tokens:
+                if p in spare:
+                    if not self.spare_room():
+                        self.spare_exports[False] += 1
+                        continue
+                    self.spare_exports[True] += 1
                 slot = self._take_slot(charged=True)
                 if slot is None:
                     break
@@ -240,12 +266,27 @@ class CacheManager:
                 out.append((p - start, slot))
         return out
 
+    def spare_room(self) -> bool:
+        """One more checkpoint fits without evicting anything: a checkpoint slot is free and, with the
+        shared budget, its bytes are free beside the KV blocks every live sequence still needs to reach
+        its first token (so the blocks it takes now are not evicted for a little later)."""
+        if self.num_checkpoints + len(self._inflight) >= self.max_checkpoints or not self.state_pool.num_free:
+            return False
+        if self.byte_budget is None:
+            return True  # blocks and slots are pools apart: a slot takes no block's room
+        blocks_for = self.block_pool.blocks_for
+        need = sum(
+            max(blocks_for(s.num_prompt_tokens + 1) - len(s.block_table), 0) for s in self._live.values()
+        )
+        return need <= self.num_free_blocks and self._chargeable(need, 1)
+
     def commit_export(self, seq: Sequence, depth: int, slot: int) -> None:
         """The slot now holds the state after token depth - 1 of `seq` (whose KV is computed)."""
         self._inflight.discard(slot)
         if self.pages is not None:
             self.pages.advance(seq.request_id, seq.token_ids, depth)
-        self._insert_checkpoint(seq, depth, slot, frontier=False)
+        spare = depth in self._spare.get(id(seq), ())
+        self._insert_checkpoint(seq, depth, slot, frontier=False, spare=spare)
 
     def abandon_exports(self) -> None:
         """Free the slots of exports whose step failed (between steps every in-flight export is one)."""
@@ -285,6 +326,8 @@ class CacheManager:
         if seq.cache_handle is not None:
             self._lock(seq.cache_handle, -1)
             seq.cache_handle = None
+        self._live.pop(id(seq), None)
+        self._spare.pop(id(seq), None)
         self.block_pool.free(seq.block_table)
         seq.block_table = []
         if seq.state_slot is not None:
@@ -358,15 +401,18 @@ class CacheManager:
         restore, seq.restore = seq.restore, None
         seq.num_computed_tokens = restore.depth
         hit = Match(self.tree.root, restore.depth, restore.kv_depth)
-        seq.export_plan = self.policy.plan_exports(seq, hit)
+        self._plan(seq, hit)
         self.stats.host_hits += 1
         return True
 
     # ---- the tree -------------------------------------------------------------------------------
 
-    def _insert_checkpoint(self, seq: Sequence, depth: int, slot: int, frontier: bool) -> bool:
+    def _insert_checkpoint(
+        self, seq: Sequence, depth: int, slot: int, frontier: bool, spare: bool = False
+    ) -> bool:
         """Put the state in `slot` into the tree at `depth` of `seq`'s tokens; True when a checkpoint holds
-        it there now (this one, or one already there)."""
+        it there now (this one, or one already there). `spare`: a spare export's, evicted before anything
+        else until a request hits it (one already there, or landing on a spare one, is not spare)."""
         now = self.clock()
         if self.pages is not None and not self.pages.holds_state(seq.token_ids, depth, seq.cache_salt):
             self.state_pool.free(slot)  # already evicted from the emulated pool
@@ -376,6 +422,7 @@ class CacheManager:
             self.state_pool.free(slot)
             node.frontier |= frontier
             self._stamp(node, now)
+            self._spare_nodes.pop(id(node), None)
             return True
         node.slot, node.frontier = slot, frontier
         self.index.slot_changed(node)
@@ -383,12 +430,15 @@ class CacheManager:
         self._stamp(node, now)
         while self.num_checkpoints > self.max_checkpoints or not self._chargeable(0, 0):
             victim = self._victim("state" if self.byte_budget is None else "unit", exclude=node)
-            if victim is None or self._key(node, now) < self._key(victim, now):
+            spare_victim = victim is not None and id(victim) in self._spare_nodes
+            if victim is None or (not spare_victim and self._key(node, now) < self._key(victim, now)):
                 self.stats.admissions_refused += 1
                 self._evict(node, "refused")
                 self._update_gauges()
                 return False
             self._evict(victim, "capacity_state")
+        if spare:
+            self._spare_nodes[id(node)] = node
         self._update_gauges()
         return True
 
@@ -396,8 +446,13 @@ class CacheManager:
         return self.policy.unit_key(self.tree, node, now)
 
     def _victim(self, kind: str, exclude: Node | None = None) -> Node | None:
+        """The oldest unlocked spare checkpoint (for "kv", a leaf: the others free no block), else the
+        index's victim of `kind`."""
         if self.index is None:  # prefix caching off: the tree holds nothing
             return None
+        for node in self._spare_nodes.values():
+            if node.lock == 0 and node is not exclude and (kind != "kv" or node.is_leaf):
+                return node
         return self.index.victim(kind, self.clock(), exclude)
 
     def _stamp(self, node: Node, now: float) -> None:
@@ -405,7 +460,10 @@ class CacheManager:
         self.index.touched(node)
 
     def _evict(self, node: Node, reason: str) -> None:
-        self.policy.on_evict(node, self.tree.exclusive_blocks(node) if node.is_leaf else 0)
+        if self._spare_nodes.pop(id(node), None) is None:  # a spare's eviction was no priced choice
+            self.policy.on_evict(node, self.tree.exclusive_blocks(node) if node.is_leaf else 0)
+        else:
+            reason = "spare"
         if node.slot is not None:
             self.state_pool.free(node.slot)
             node.slot = None
@@ -470,13 +528,14 @@ class CacheManager:
             if seq.cache_handle is not None:
                 for n in seq.cache_handle.path():
                     locks[id(n)] = locks.get(id(n), 0) + 1
-        count = 0
+        count, held = 0, set()
         for node in self.tree.nodes():
             for b in node.blocks:
                 refs[b] = refs.get(b, 0) + 1
             if node.slot is not None:
                 slots.append(node.slot)
                 count += 1
+                held.add(id(node))
             bs = self.block_size
             if len(node.blocks) != -(-node.end // bs) - node.start // bs or not node.tokens:
                 raise AssertionError(f"node [{node.start}, {node.end}) holds {len(node.blocks)} blocks")
@@ -488,6 +547,8 @@ class CacheManager:
                 raise AssertionError(f"leaf [{node.start}, {node.end}) holds no checkpoint")
             if node.lock != locks.get(id(node), 0):
                 raise AssertionError(f"node lock {node.lock} != {locks.get(id(node), 0)} running handles")
+        if not held.issuperset(self._spare_nodes):
+            raise AssertionError("a spare checkpoint is not a checkpoint of the tree")
         if count != self.num_checkpoints or count > max(self.max_checkpoints, 0) + len(self._inflight):
             raise AssertionError(
                 f"{count} checkpoints (counted {self.num_checkpoints}, max {self.max_checkpoints})"

@@ -10,7 +10,12 @@ slot alone.
                chat-message ends, and at the prompt end when the frontier checkpoint is off; fallback
                candidates (`--mamba-fallback-checkpoints`): one token before the prompt's end (an exact
                retry, or a next turn leaving the path inside the reply, resumes there) and, `sparse`,
-               every vLLM block boundary the prefill passes; admitted and evicted like any checkpoint;
+               every vLLM block boundary the prefill passes; admitted and evicted like any checkpoint.
+               `auto` plans the block boundaries as *spare* exports: the cache manager takes one only
+               while it has room for it without evicting anything, and a spare checkpoint no request
+               has hit is the first victim of any eviction, unpriced (CacheManager), so they only ever
+               hold memory nothing else wants: `sparse` at ample memory (never fewer cached tokens
+               than vLLM's boundary states give: tests/cache/test_dominance.py), `retry` when tight;
     eviction   Greedy-Dual-Size: H = L + saved / bytes, saved = C(depth) − C(depth of the checkpoint
                that would remain); L rises to the H of each evicted unit; a hit re-stamps the unit
                with the current L. Admission of a new checkpoint compares the same H. With leaf
@@ -65,23 +70,25 @@ class Policy:
     checkpoint_block: int | None = None  # vllm: checkpoints only at multiples of this
     decode_kv: bool = False  # vllm: keep KV-only paths (no state) of prompt + output at request end
     # flashstate: fallback candidates, one token before the prompt's end (retry) and, with `fallback_block`,
-    # every multiple of it the prefill passes
+    # every multiple of it the prefill passes; with `fallback_spare` (auto) those multiples are spare exports
     fallback_retry: bool = False
     fallback_block: int | None = None
+    fallback_spare: bool = False
     clock: float = 0.0  # GDS L
 
     # ---- placement ------------------------------------------------------------------------------
 
-    def plan_exports(self, seq: Sequence, match: Match) -> list[int]:
-        """Token counts inside the uncached prompt where the prefill should leave a checkpoint."""
+    def plan_exports(self, seq: Sequence, match: Match) -> tuple[list[int], frozenset[int]]:
+        """Token counts inside the uncached prompt where the prefill should leave a checkpoint, ascending,
+        and which of them are spare: exported only from free memory (the cache manager decides)."""
         prompt = seq.num_prompt_tokens
         if self.checkpoint_block is not None:
             b = self.checkpoint_block
             last = (prompt - 1) // b * b  # the last block boundary before the final prompt token
             junction = min(match.kv_depth // b * b, last)  # where the prompt leaves the cached blocks
-            return sorted(p for p in {last, junction} if p > match.depth)
+            return sorted(p for p in {last, junction} if p > match.depth), frozenset()
         if not self.prefill_export:
-            return []
+            return [], frozenset()
         # The prompt end matters only without a frontier checkpoint: with one, the request's end sits a
         # reply's length below it and serves every continuation; an interior checkpoint there would only
         # make the frontier look cheap (it would save just the reply's tokens over it).
@@ -93,10 +100,12 @@ class Policy:
         # serve edits inside the prompt, at vLLM's granularity.
         if self.fallback_retry:
             wanted.add(prompt - 1)
+        blocks: set[int] = set()
         if self.fallback_block is not None:
             b = self.fallback_block
-            wanted.update(range((match.depth // b + 1) * b, prompt + 1, b))
-        return sorted(p for p in wanted if match.depth < p <= prompt)
+            blocks.update(range((match.depth // b + 1) * b, prompt + 1, b))
+        spare = frozenset(blocks - wanted) if self.fallback_spare else frozenset()
+        return sorted(p for p in wanted | blocks if match.depth < p <= prompt), spare
 
     # ---- priority -------------------------------------------------------------------------------
 
@@ -196,7 +205,7 @@ def build_policy(
         return Policy("flashstate", eviction=eviction, checkpoint_block=block, **common)
     if config.cache_policy == "flashstate":
         fallback = config.mamba_fallback_checkpoints if config.mamba_frontier_checkpoint else "off"
-        sparse = fallback == "sparse" and config.mamba_prefill_export
+        sparse = fallback in ("sparse", "auto") and config.mamba_prefill_export
         return Policy(
             "flashstate",
             eviction=config.prefix_cache_eviction or "gds",
@@ -204,6 +213,7 @@ def build_policy(
             prefill_export=config.mamba_prefill_export,
             fallback_retry=fallback != "off" and config.mamba_prefill_export,
             fallback_block=vllm_geometry(config, spec, dtype).block if sparse else None,
+            fallback_spare=fallback == "auto",
             leaf_last=config.prefix_cache_leaf_last,
             leaf_idle_seconds=config.prefix_cache_leaf_idle_seconds,
             **common,

@@ -7,13 +7,18 @@ same under every policy, so the next request built from it is the same too. Requ
 (sharing system prompts), exact continuations (prompt + output + new tokens), retries, truncations, edits
 in the middle, and re-tokenized outputs (the reply's tail changed, then new tokens).
 
-The flashstate policy runs with `--mamba-fallback-checkpoints sparse`: vLLM keeps states at block
-boundaries inside prompts (the last one, and where a prompt leaves the cached blocks), and only a
-flashstate state at each boundary it prefills covers a later request that stops between that boundary
-and the prompt's end. One exception remains, checked as such: a boundary inside an earlier reply, which
-vLLM re-prefilled on the next turn (it keeps no state at a request's end) while flashstate resumed from
-its frontier past it; flashstate exports no states while decoding, so a request that leaves the path
-between that boundary and the frontier hits vLLM's boundary state and flashstate's shallower one.
+Every policy runs with its default flags; flashstate's fallbacks are `--mamba-fallback-checkpoints auto`.
+vLLM keeps states at block boundaries inside prompts (the last one, and where a prompt leaves the cached
+blocks), and only a flashstate state at each boundary it prefills covers a later request that stops
+between that boundary and the prompt's end: at ample memory `auto` takes every such spare export (each
+fits without evicting anything), as `sparse` does. (Under a budget it takes them only from free memory
+and evicts them first, tests/cache/test_spare_exports.py: there a request that vLLM serves from a
+boundary state can cache fewer tokens under flashstate.)
+
+One exception remains at ample memory, checked as such: a boundary inside an earlier reply, which vLLM
+re-prefilled on the next turn (it keeps no state at a request's end) while flashstate resumed from its
+frontier past it; flashstate exports no states while decoding, so a request that leaves the path between
+that boundary and the frontier hits vLLM's boundary state and flashstate's shallower one.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from flashstate.sim.profile import DecodeModel
 from flashstate.spec.hf_config import spec_of
 
 POLICIES = ("flashstate", "vllm", "sglang")
-BLOCK = 32  # vLLM's align block (and the flashstate policy's sparse fallback spacing)
+BLOCK = 32  # vLLM's align block (and the flashstate policy's block-boundary fallback spacing)
 VOCAB = 2000
 MAX_CONTEXT = 900
 
@@ -135,6 +140,7 @@ class Replay:
 
 
 def replay(ops, seed: int, budget: int, **flags) -> Replay:
+    """The requests `ops` make, run under each policy (`flags`: flashstate's, over its defaults)."""
     rng = random.Random(seed)
     systems = [[rng.randrange(VOCAB) for _ in range(rng.randint(20, 150))] for _ in range(2)]
     engines = {p: engine(p, budget, **(flags if p == "flashstate" else {})) for p in POLICIES}
@@ -176,7 +182,7 @@ def violations(r: Replay) -> list[tuple[int, str, int, int]]:
 @settings(deadline=None, max_examples=100)
 @given(ops=st.lists(OPS, min_size=1, max_size=10), seed=st.integers(0, 1 << 16))
 def test_flashstate_dominates_at_ample_memory(ops, seed):
-    r = replay(ops, seed, AMPLE, mamba_fallback_checkpoints="sparse")
+    r = replay(ops, seed, AMPLE)
     assert not violations(r), (violations(r), r.cached)
 
 
@@ -185,8 +191,7 @@ def test_a_boundary_inside_a_reply_is_the_exception():
     resumed turn 2 from its frontier (139), past 128, and holds 119 (turn 1's retry point) below it."""
     rng = random.Random(0)
     first = [rng.randrange(VOCAB) for _ in range(120)]
-    engines = {p: engine(p, AMPLE, **({"mamba_fallback_checkpoints": "sparse"} if p == "flashstate" else {}))
-               for p in ("flashstate", "vllm")}  # fmt: skip
+    engines = {p: engine(p, AMPLE) for p in ("flashstate", "vllm")}
     got = {}
     for p, sim in engines.items():
         _, reply = run_one(sim, "t1", first, 20, seed=1)
