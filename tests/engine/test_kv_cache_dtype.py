@@ -24,6 +24,11 @@ ENGINE = dict(block_size=4, prefill_cost_coefficients=(1e-5, 1e-8))
 # tiny presets): 0.2% to 1.9% relative (measured); a misread cache (wrong scale, raw bytes, a stale block)
 # is off by orders more.
 FP8_LOGITS_REL = 0.05
+# Hits against no hits, both over fp8: the fp32 sums differ only in order (chunking, export positions),
+# ~1e-6 relative, but where a value lies on an fp8 rounding edge that difference moves it one fp8 step:
+# up to 3.4e-5 measured (tiny-kimi-linear, a spare export splitting the prefill). A misread block is
+# off by the fp8 error itself, 2e-3 or more.
+FP8_HIT_REL = 5e-4
 
 
 def _capture(llm: LLM) -> dict[str, list[torch.Tensor]]:
@@ -70,7 +75,7 @@ def test_fp8_prefix_hits_equal_the_same_prompts_without_hits(preset, policy):
             assert out.token_ids == ref.token_ids
             hits.append(out.num_cached_tokens)
             for a, b in zip(got[out.request_id], want[ref.request_id], strict=True):
-                assert float((a - b).norm() / b.norm()) <= 1e-5
+                assert float((a - b).norm() / b.norm()) <= FP8_HIT_REL
         cached.engine.check_integrity()
         agents = [
             p + o.token_ids + _tokens(rng, rng.randint(1, 20), vocab)
@@ -168,7 +173,7 @@ def test_fp8_host_restores_equal_full_recompute():
         for out, ref in zip(outs, refs, strict=True):
             assert out.token_ids == ref.token_ids
             for a, b in zip(got[out.request_id], want[ref.request_id], strict=True):
-                assert float((a - b).norm() / b.norm()) <= 1e-5
+                assert float((a - b).norm() / b.norm()) <= FP8_HIT_REL
         if turn:
             assert all(o.num_cached_tokens == len(c) - 31 for o, c in zip(outs, contexts, strict=True))
         cached.engine.host.flush()
