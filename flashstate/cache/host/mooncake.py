@@ -19,6 +19,8 @@ StoreTimeoutError and is left to finish on its worker. When every worker is stil
 new call fails at once instead of queueing behind them.
 Listening sockets: the client's listeners bind the address it advertises to its peers (listen.py), which
 is loopback when the master is.
+Placement: puts prefer this client's own segment (the pool's other segments only when it is full), so an
+engine that dies takes mostly its own objects with it, not those the other engines wrote.
 """
 
 from __future__ import annotations
@@ -59,17 +61,18 @@ def _unavailable(rc: int) -> bool:
     return rc in (_RPC_FAIL, _RPC_TIMEOUT) or rc <= -1000
 
 
-def _import_store() -> type:
+def _import_store() -> tuple[type, type]:
+    """The binding's client and put-placement classes."""
     # The client logs through glog to stderr: keep only fatal messages unless the user asked for more.
     os.environ.setdefault("GLOG_minloglevel", "3")
     try:
-        from mooncake.store import MooncakeDistributedStore
+        from mooncake.store import MooncakeDistributedStore, ReplicateConfig
     except ImportError as e:
         hint = " (apt-get install -y libibverbs1)" if "ibverbs" in str(e) else ""
         raise RuntimeError(
             f"the mooncake host store needs mooncake-transfer-engine-non-cuda{hint}: {e}"
         ) from e
-    return MooncakeDistributedStore
+    return MooncakeDistributedStore, ReplicateConfig
 
 
 def local_address(master: str) -> str:
@@ -140,7 +143,8 @@ class MooncakeStore:
         self._capacity = capacity
         self._local_buffer_bytes = local_buffer_bytes
         self._listen_host = listen_host
-        self._store_type = _import_store()
+        self._store_type, self._placement_type = _import_store()
+        self._placement = self._placement_type()  # where puts go: this client's segment, once joined
         os.environ.setdefault("MC_RPC_TIMEOUT_MS", str(max(int(timeout * 1000), 1)))
         os.environ.setdefault("MC_RPC_CONNECT_TIMEOUT_MS", str(max(int(timeout * 1000), 1)))
         self._workers = _Workers(WORKERS, "flashstate-mooncake")
@@ -185,7 +189,9 @@ class MooncakeStore:
                 local, "P2PHANDSHAKE", self._capacity, self._local_buffer_bytes, "tcp", "", self.master
             )
             if rc == 0:
-                self._client = client
+                placement = self._placement_type()
+                placement.preferred_segment = client.get_hostname()  # the segment's name in the pool
+                self._placement, self._client = placement, client
             done.set_result(rc)
         except Exception as e:  # noqa: BLE001 — handed to the caller
             done.set_exception(e)
@@ -201,7 +207,7 @@ class MooncakeStore:
         return self._capacity
 
     def put(self, key: str, data: torch.Tensor) -> bool:
-        rc = self._call("put", self._joined.put, key, memoryview(data.numpy()))
+        rc = self._call("put", self._joined.put, key, memoryview(data.numpy()), self._placement)
         if _unavailable(rc):
             raise StoreUnavailableError(f"Mooncake put failed with {rc} (master {self.master})")
         if rc == _NO_ROOM:

@@ -292,16 +292,22 @@ class HostTier:
         keys = [*hit.chunks[first_chunk:], hit.key]
         if not self.available:
             return None
+        # Read up to the first missing object: the hit is a miss from there, and each read of a lost
+        # replica's object can cost a wait.
+        buffers = []
         try:
-            buffers = [self.store.get(key) for key in keys]
+            for key in keys:
+                buffers.append(self.store.get(key))
+                if buffers[-1] is None:
+                    break
         except StoreUnavailableError as e:
             self.mark_unavailable(e)
             return None
         expected = self._expected(hit, len(keys) - 1)
-        found = [(k, b, s) for k, b, s in zip(keys, buffers, expected, strict=True) if b is not None]
+        found = [(k, b, s) for k, b, s in zip(keys, buffers, expected, strict=False) if b is not None]
         checked = dict(zip([k for k, _, _ in found], verify_many(found, self._secret), strict=True))
         objects = []
-        for key, buffer in zip(keys, buffers, strict=True):
+        for key, buffer in zip(keys, buffers, strict=False):
             specs, reason = checked.get(key, (None, "dropped"))
             if specs is None:
                 with self._lock:

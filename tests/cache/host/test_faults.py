@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 
 import pytest
 import torch
@@ -174,6 +175,22 @@ def test_a_full_mooncake_pool_refuses_puts_without_an_outage(mooncake_master):
         assert store.ping()  # up, only full
     finally:
         store.close()
+
+
+def test_puts_land_in_the_writers_segment_and_outlive_another_client(mooncake_master):
+    """Objects a client writes while its own segment has room are placed there: a second client that
+    leaves (an engine of the fleet that stops or dies) takes none of them (unplaced, about half would go)."""
+    writer = MooncakeStore(mooncake_master.address, 16 << 20)
+    other = MooncakeStore(mooncake_master.address, 16 << 20)
+    keys = [f"test/placement/{uuid.uuid4().hex}" for _ in range(8)]
+    try:
+        for i, key in enumerate(keys):
+            assert writer.put(key, torch.full((1 << 20,), i, dtype=torch.uint8))
+        other.close()
+        got = [writer.get(key) for key in keys]
+        assert all(g is not None and int(g[0]) == i for i, g in enumerate(got))
+    finally:
+        writer.close()
 
 
 # ---- a real mooncake_master that hangs, is down, restarts ----------------------------------------------

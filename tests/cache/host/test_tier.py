@@ -102,7 +102,7 @@ def test_eviction_keeps_capacity_and_drops_the_lowest_priority_state_whole(new_s
     tier.close()
 
 
-def test_an_object_the_store_dropped_is_a_miss(new_store):
+def test_an_object_the_store_dropped_is_a_miss_read_no_further(new_store):
     store = new_store()
     tier = make_tier(store, make_caches())
     tokens = _tokens(22, 0)
@@ -110,7 +110,11 @@ def test_an_object_the_store_dropped_is_a_miss(new_store):
     tier.flush()
     hit = tier.lookup(tokens + [1], 22)
     store.remove(hit.chunks[1])
+    read = []
+    get = store.get
+    store.get = lambda key: read.append(key) or get(key)
     assert tier.fetch(hit) is None
+    assert read == hit.chunks[:2]  # not the state object after the missing chunk: a miss either way
     assert tier.stats.misses_dropped == 1 and tier.lookup(tokens + [1], 22) is None
     tier.close()
 
