@@ -42,7 +42,7 @@ from flashstate.default_tokenizer import (
 from flashstate.layers.fp8_linear import SCALE_SUFFIX, convert_linears, quantize_linears
 from flashstate.models.base import HybridForCausalLM
 from flashstate.models.random_init import randomize_
-from flashstate.models.registry import build_model
+from flashstate.models.registry import build_meta_model
 from flashstate.models.shard_plan import Shard, ShardPlan, shard_spec
 from flashstate.ops.fp8.block_quant import FP8_DTYPE, quantize_block
 from flashstate.spec.hf_config import spec_from_hf
@@ -327,8 +327,7 @@ def _build_empty(
     the meta device, so a bf16 model never takes fp32 memory), and whether its FP8 weights are quantized
     at load. With `quant`, linears are `Fp8Linear`s: those `files` store in FP8 if any, else (a
     full-precision checkpoint, or none: dummy) those `converts_linear` picks."""
-    with torch.device("meta"):
-        model = build_model(spec).to(spec.dtype)
+    model = build_meta_model(spec).to(spec.dtype)
     quantize_on_load = False
     if quant is not None:
         stored = _stored_fp8(model, files)

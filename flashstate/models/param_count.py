@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from flashstate.layers.fp8_linear import convert_linears
-from flashstate.models.registry import build_model
+from flashstate.models.registry import build_meta_model
 from flashstate.spec.model_spec import ModelSpec
 from flashstate.spec.quantization import Fp8BlockConfig
 
@@ -110,9 +110,9 @@ def weight_bytes(spec: ModelSpec, quant: Fp8BlockConfig | None = None, active: b
     builds it: with `quant`, the linears `converts_linear` picks hold float8_e4m3fn weights (1 byte each)
     plus an fp32 scale per 128×128 block, the rest `spec.dtype`. `active`: the bytes one token's forward
     reads (every MoE layer's routed experts but `top_k` left out). Built on the meta device: no memory."""
-    with torch.device("meta"):
-        model = build_model(spec).to(spec.dtype)
-        if quant is not None:
+    model = build_meta_model(spec).to(spec.dtype)
+    if quant is not None:
+        with torch.device("meta"):
             convert_linears(model, quant)
     state = model.state_dict(keep_vars=True)
     total = sum(t.numel() * t.element_size() for t in state.values())

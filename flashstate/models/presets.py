@@ -51,7 +51,7 @@ from flashstate.default_tokenizer import (
 )
 from flashstate.models.param_count import count_parameters
 from flashstate.models.random_init import random_tensors
-from flashstate.models.registry import build_model
+from flashstate.models.registry import build_meta_model
 from flashstate.spec.hf_config import spec_from_hf
 from flashstate.spec.model_spec import ModelSpec
 from flashstate.spec.preset_configs import DEFAULT_PRESET, DUMMY_ONLY, preset_config
@@ -143,8 +143,7 @@ def _refuse_dummy_only(name: str) -> None:
 
 
 def _fingerprint(config: dict, seed: int) -> str:
-    with torch.device("meta"):
-        model = build_model(spec_from_hf(config))
+    model = build_meta_model(spec_from_hf(config))
     layout = sorted((k, list(v.shape)) for k, v in model.state_dict().items())
     tokenizer = hashlib.sha256(build_default_tokenizer().to_str().encode()).hexdigest()
     key = json.dumps([_FORMAT_VERSION, config, seed, layout, tokenizer], sort_keys=True)

@@ -92,7 +92,10 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, dim: int, theta: float):
         super().__init__()
         self.dim, self.theta = dim, theta
-        self.register_buffer("inv_freq", self._inv_freq(), persistent=False)
+        # computed only off the meta device (a meta model gets its values when moved: `_apply`)
+        self.register_buffer("inv_freq", torch.empty((dim + 1) // 2), persistent=False)
+        if self.inv_freq.device.type != "meta":
+            self.reset()
 
     def _inv_freq(self, device: torch.device | None = None) -> Tensor:
         exponents = torch.arange(0, self.dim, 2, dtype=torch.float32, device=device) / self.dim

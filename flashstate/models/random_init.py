@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from flashstate.models.base import HybridForCausalLM
-from flashstate.models.registry import build_model
+from flashstate.models.registry import build_meta_model
 from flashstate.models.shard_plan import ShardPlan
 from flashstate.ops.fp8.block_quant import FP8_DTYPE, quantize_block
 from flashstate.spec.model_spec import ModelSpec
@@ -82,8 +82,7 @@ def random_tensors(
 ) -> Iterator[tuple[str, Tensor]]:
     """(name, tensor) for every tensor of `build_model(spec).state_dict()`, in sorted-name order, in the
     checkpoint's layout, fp32 (integer buffers: zeros of their dtype); drawn on `device`."""
-    with torch.device("meta"):
-        state = build_model(spec).state_dict()
+    state = build_meta_model(spec).state_dict()
     generator = torch.Generator(device=device).manual_seed(seed)
     for name in sorted(state):
         meta = state[name]

@@ -154,6 +154,21 @@ def running_server(
         server.stop()
 
 
+@contextlib.contextmanager
+def running_servers(tmp_path: Path, args: dict[str, list[str]]) -> Iterator[dict[str, Server]]:
+    """A server per name (its log in tmp_path/name/), all started before any is waited for: their
+    start-ups overlap."""
+    with contextlib.ExitStack() as stack:
+        servers = {}
+        for name, a in args.items():
+            (tmp_path / name).mkdir(exist_ok=True)
+            servers[name] = Server(a, tmp_path / name / "server.log")
+            stack.callback(servers[name].stop)
+        for server in servers.values():
+            server.wait_ready()
+        yield servers
+
+
 def assert_error(status: int, body: dict, want_status: int, code: str | None = None) -> dict:
     """The OpenAI error shape: {"error": {"message", "type", "param", "code"}}."""
     assert status == want_status, body

@@ -15,7 +15,7 @@ import random
 
 import pytest
 
-from tests.server.conftest import running_server
+from tests.server.conftest import running_servers
 
 COST = ["--prefill-cost-coefficients", "1e-5", "1e-10"]
 ARGS = ["--max-model-len", "2k", *COST]
@@ -30,12 +30,8 @@ POLICIES = {
 @pytest.fixture(scope="module")
 def cached(module_tmp) -> dict[str, dict[str, int]]:
     """Policy → case → cached tokens of the second request, each policy on a server of its own."""
-    out = {}
-    for name, policy in POLICIES.items():
-        (module_tmp / name).mkdir()
-        with running_server(module_tmp / name, ARGS + policy) as server:
-            out[name] = {"retry": retry(server, seed=1), "diverge": diverge(server, seed=2)}
-    return out
+    with running_servers(module_tmp, {name: ARGS + policy for name, policy in POLICIES.items()}) as servers:
+        return {name: {"retry": retry(s, 1), "diverge": diverge(s, 2)} for name, s in servers.items()}
 
 
 def complete(server, prompt: list[int], max_tokens: int = REPLY) -> tuple[list[int], int]:

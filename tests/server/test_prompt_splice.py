@@ -14,7 +14,7 @@ from flashstate.server.prompt_splice import ENTRY_OVERHEAD, GeneratedIds
 from flashstate.server.protocol import ChatCompletionRequest
 from flashstate.server.serving_chat import render_chat
 from flashstate.tokenizer import Tokenizer
-from tests.server.conftest import running_server
+from tests.server.conftest import running_servers
 
 ARGS = ["--max-model-len", "2k", "--prefill-cost-coefficients", "1e-5", "1e-10"]
 SERVERS = {"on": [], "off": ["--chat-splice-bytes", "0"]}
@@ -81,9 +81,8 @@ def two_turns(server, stream: bool) -> dict:
 @pytest.fixture(scope="module")
 def turns(module_tmp) -> dict[str, dict]:
     out = {}
-    for name, args in SERVERS.items():
-        (module_tmp / name).mkdir()
-        with running_server(module_tmp / name, ARGS + args) as server:
+    with running_servers(module_tmp, {name: ARGS + args for name, args in SERVERS.items()}) as servers:
+        for name, server in servers.items():
             out[name] = two_turns(server, stream=False)
             out[name + "-stream"] = two_turns(server, stream=True)
     return out
