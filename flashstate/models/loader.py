@@ -341,7 +341,10 @@ def _build_empty(
             chosen = convert_linears(model, quant)
             quantize_on_load = bool(files)
         logger.info("block FP8: %d linear layers", len(chosen))
-    return model.to_empty(device=device), quantize_on_load
+    # Module.to_empty's empty_like of a meta tensor runs a Python reference kernel (its first call imports
+    # torch's symbolic-shapes machinery, ~1 s); a plain factory call does not
+    empty = model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
+    return empty, quantize_on_load
 
 
 def _stored_fp8(model: HybridForCausalLM, files: list[Path]) -> set[str]:
