@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-from collections.abc import Iterator
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from flashstate.models.base import HybridForCausalLM
 from flashstate.spec.model_spec import ModelSpec, UnsupportedModelError
@@ -32,26 +31,24 @@ def build_model(spec: ModelSpec) -> HybridForCausalLM:
     return model_class(spec)(spec)
 
 
-# torch.nn.init's in-place initialisers: what nn.Linear / nn.Embedding call from reset_parameters
-_INITIALISERS = ("uniform_", "normal_", "trunc_normal_", "kaiming_uniform_", "kaiming_normal_",
-                 "xavier_uniform_", "xavier_normal_", "constant_", "ones_", "zeros_")  # fmt: skip
+class _NoInitOnMeta(TorchFunctionMode):
+    """The in-place fills torch.nn.init's initialisers end in (normal_, uniform_, ...) do nothing to a meta
+    tensor, which holds no values anyway. A torch function mode holds for its own thread only, so a model
+    built on another thread meanwhile is initialised as usual."""
 
+    FILLS = frozenset({"normal_", "uniform_", "erfinv_", "fill_", "zero_"})
 
-@contextlib.contextmanager
-def _initialisers_skipped() -> Iterator[None]:
-    saved = {name: getattr(torch.nn.init, name) for name in _INITIALISERS}
-    try:
-        for name in _INITIALISERS:
-            setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
-        yield
-    finally:
-        for name, fn in saved.items():
-            setattr(torch.nn.init, name, fn)
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204 — torch's hook
+        kwargs = kwargs or {}
+        target = args[0] if args else kwargs.get("tensor")  # torch.nn.init passes it by name
+        if getattr(func, "__name__", None) in self.FILLS and getattr(target, "is_meta", False):
+            return target
+        return func(*args, **kwargs)
 
 
 def build_meta_model(spec: ModelSpec) -> HybridForCausalLM:
     """The model's module tree on the meta device (shapes and dtypes, no memory), its initialisers skipped:
     on meta they run through torch's Python reference kernels, whose first call imports TorchDynamo (~3 s
     of every process's start-up, for values a meta tensor does not hold)."""
-    with torch.device("meta"), _initialisers_skipped():
+    with torch.device("meta"), _NoInitOnMeta():
         return build_model(spec)
