@@ -112,8 +112,7 @@ def weight_bytes(spec: ModelSpec, quant: Fp8BlockConfig | None = None, active: b
     reads (every MoE layer's routed experts but `top_k` left out). Built on the meta device: no memory."""
     model = build_meta_model(spec).to(spec.dtype)
     if quant is not None:
-        with torch.device("meta"):
-            convert_linears(model, quant)
+        convert_linears(model, quant)  # on the meta device too: each new layer goes where the old one was
     state = model.state_dict(keep_vars=True)
     total = sum(t.numel() * t.element_size() for t in state.values())
     if active and spec.moe is not None:

@@ -67,7 +67,9 @@ def test_a_checkout_folder_named_flashstate_does_not_name_its_files(tmp_path):
 def test_the_engine_thread_writes_its_report_at_shutdown(tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("FLASHSTATE_STACK_SAMPLE", str(tmp_path / "stacks-%p.txt"))
     path = tmp_path / f"stacks-{os.getpid()}.txt"
-    eng = AsyncEngine(EngineConfig(model=tiny_model_dir, max_num_batched_tokens=8, block_size=4))
+    small = dict(max_num_batched_tokens=8, block_size=4)
+    cost = (1e-5, 1e-8)  # no start-up calibration: it is not what this test is about
+    eng = AsyncEngine(EngineConfig(model=tiny_model_dir, **small, prefill_cost_coefficients=cost))
 
     async def run():
         params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
