@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flashstate.ops.fp8 import fp8_linear
+from flashstate.ops.fp8 import cublas, fp8_linear
 from flashstate.ops.fp8.block_quant import dequantize_block, quantize_block
 from flashstate.ops.moe import Experts, moe_experts, softmax_topk
 
@@ -54,3 +54,23 @@ def test_fp8_expert_stacks_are_validated():
         Experts(
             ex.w_in, ex.w_out, "silu", True, w_in_scale=ex.w_in_scale.double(), w_out_scale=ex.w_out_scale
         )
+
+
+def test_cublas_weight_scales_pad_k_blocks_to_four_and_go_k_block_major():
+    s = torch.arange(6.0).view(2, 3)  # N/128 = 2 row blocks, K/128 = 3 column blocks
+    got = cublas.weight_scales(s)
+    assert got.shape == (4, 2) and got.stride() == (1, 4)
+    assert torch.equal(got[:3], s.t()) and (got[3] == 0).all()
+    whole = torch.rand(3, 8)  # K/128 already a multiple of 4: a view, no copy
+    assert cublas.weight_scales(whole).data_ptr() == whole.data_ptr()
+    assert torch.equal(cublas.weight_scales(whole), whole.t())
+
+
+def test_cublas_takes_only_large_bf16_gemms_of_whole_blocks_on_a_gpu():
+    gpu = torch.device("cuda", 0)
+    # each refusal is decided from the shapes alone, before any CUDA query
+    assert not cublas.usable(128, 2048, 4096, torch.bfloat16, gpu)  # M·N·K = 2^30: the Triton GEMM's
+    assert not cublas.usable(8192, 2048, 2000, torch.bfloat16, gpu)
+    assert not cublas.usable(8192, 200, 2048, torch.bfloat16, gpu)
+    assert not cublas.usable(8192, 2048, 2048, torch.float32, gpu)
+    assert not cublas.usable(8192, 2048, 2048, torch.bfloat16, torch.device("cpu"))

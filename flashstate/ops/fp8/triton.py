@@ -2,7 +2,9 @@
 128×128 block of W (block_quant.py), fp32 accumulation, the output in x's dtype. No device wait anywhere
 and tile sizes from the shape alone (no autotuning), so a CUDA graph captures it.
 
-Two modes, chosen by the row count M (every row of x[..., K]):
+`fp8_linear` hands large bf16 GEMMs (`cublas.CUBLAS_MIN_MNK`) with whole 128-blocks to cuBLAS's
+block-FP8 GEMM on SM90 (cublas.py; this file quantizes their activations). The Triton GEMM here has two
+modes, chosen by the row count M (every row of x[..., K]):
     w8a8   (M > W8A16_MAX_ROWS, prefill)  x is quantized per token per 128-column group to e4m3 with an
            fp32 scale [M, ceil(K/128)] (`quantize_activation`, one kernel), then FP8 tensor-core dots:
            per K block kb, acc += (x_q · W_qᵀ)[kb] · x_scale[:, kb] · w_scale[n // 128, kb]
@@ -21,6 +23,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from flashstate.ops.fp8 import cublas
 from flashstate.ops.fp8.block_quant import BLOCK, FP8_DTYPE, FP8_MAX
 
 W8A16_MAX_ROWS = 16  # up to here widening the weight tiles costs no more than quantizing the activations
@@ -36,33 +39,43 @@ class Tiles(NamedTuple):
 
 @triton.jit
 def _act_quant_kernel(
-    x, q, s, M, K, stride_x, stride_q, stride_s,
+    x, q, s, M, M_PAD, K, stride_x, stride_q, stride_sm, stride_sg,
     FP8_MAX: tl.constexpr, FLOOR: tl.constexpr, BLOCK_M: tl.constexpr, GROUP: tl.constexpr,
 ):  # fmt: skip
     """Rows [pid_m·BLOCK_M, +BLOCK_M) of group g (columns [g·GROUP, +GROUP)): scale = amax / FP8_MAX per
-    row, q = x / scale (|q| ≤ FP8_MAX, the clamp guards rounding)."""
+    row, q = x / scale (|q| ≤ FP8_MAX, the clamp guards rounding). Rows [M, M_PAD) are padding: zeros with
+    the floor's scale."""
     pid_m, g = tl.program_id(0), tl.program_id(1)
     rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = g * GROUP + tl.arange(0, GROUP)
-    mask = (rows < M)[:, None] & (cols < K)[None, :]
-    v = tl.load(x + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    col_ok = (cols < K)[None, :]
+    v = tl.load(x + rows[:, None] * stride_x + cols[None, :], mask=(rows < M)[:, None] & col_ok, other=0.0)
+    v = v.to(tl.float32)
     scale = tl.maximum(tl.max(tl.abs(v), axis=1), FLOOR) / FP8_MAX
     v = tl.clamp(v / scale[:, None], -FP8_MAX, FP8_MAX)
-    tl.store(q + rows[:, None] * stride_q + cols[None, :], v.to(q.dtype.element_ty), mask=mask)
-    tl.store(s + rows * stride_s + g, scale, mask=rows < M)
+    out_ok = rows < M_PAD
+    q_ptrs = q + rows[:, None] * stride_q + cols[None, :]
+    tl.store(q_ptrs, v.to(q.dtype.element_ty), mask=out_ok[:, None] & col_ok)
+    tl.store(s + rows * stride_sm + g * stride_sg, scale, mask=out_ok)
 
 
-def quantize_activation(x: Tensor) -> tuple[Tensor, Tensor]:
+def quantize_activation(x: Tensor, cublas_layout: bool = False) -> tuple[Tensor, Tensor]:
     """x [M, K] (last dim contiguous) → (e4m3 [M, K], fp32 scales [M, ceil(K/128)]) with x ≈ q · scale
-    over each row's 128-column group; an all-zero group gets a tiny scale and zeros."""
+    over each row's 128-column group; an all-zero group gets a tiny scale and zeros. `cublas_layout`: the
+    layout `cublas.block_fp8_mm` takes instead: M padded to a multiple of 4 (zero rows) and the scales
+    outer-dim-major (strides (1, M_pad))."""
     m, k = x.shape
     groups = triton.cdiv(k, BLOCK)
-    q = torch.empty(m, k, dtype=FP8_DTYPE, device=x.device)
-    s = torch.empty(m, groups, dtype=torch.float32, device=x.device)
-    if m and k:
+    m_pad = -(-m // 4) * 4 if cublas_layout else m
+    q = torch.empty(m_pad, k, dtype=FP8_DTYPE, device=x.device)
+    if cublas_layout:
+        s = torch.empty_strided((m_pad, groups), (1, m_pad), dtype=torch.float32, device=x.device)
+    else:
+        s = torch.empty(m, groups, dtype=torch.float32, device=x.device)
+    if m_pad and k:
         block_m = 16 if m >= 4096 else 4
-        _act_quant_kernel[(triton.cdiv(m, block_m), groups)](
-            x, q, s, m, k, x.stride(0), q.stride(0), s.stride(0),
+        _act_quant_kernel[(triton.cdiv(m_pad, block_m), groups)](
+            x, q, s, m, m_pad, k, x.stride(0), q.stride(0), s.stride(0), s.stride(1),
             FP8_MAX=FP8_MAX, FLOOR=SCALE_FLOOR, BLOCK_M=block_m, GROUP=BLOCK, num_warps=4,
         )  # fmt: skip
     return q, s
@@ -184,5 +197,16 @@ def fp8_linear(x: Tensor, weight: Tensor, weight_scale_inv: Tensor, bias: Tensor
     if flat.stride(-1) != 1:
         flat = flat.contiguous()
     w = weight if weight.stride(-1) == 1 else weight.contiguous()
-    out = block_fp8_gemm(flat, w, weight_scale_inv.contiguous(), bias)
-    return out.view(*x.shape[:-1], weight.shape[0])
+    m, n = flat.shape[0], weight.shape[0]
+    if cublas.usable(m, n, k, flat.dtype, flat.device):
+        out = cublas_gemm(flat, w, weight_scale_inv.contiguous(), bias)
+    else:
+        out = block_fp8_gemm(flat, w, weight_scale_inv.contiguous(), bias)
+    return out.view(*x.shape[:-1], n)
+
+
+def cublas_gemm(x: Tensor, weight: Tensor, weight_scale_inv: Tensor, bias: Tensor | None = None) -> Tensor:
+    """block_fp8_gemm's contract through cuBLAS (cublas.py): x [M, K] bf16, K and N multiples of 128."""
+    q, q_scale = quantize_activation(x, cublas_layout=True)
+    out = cublas.block_fp8_mm(q, q_scale, weight, weight_scale_inv, x.dtype)[: x.shape[0]]
+    return out if bias is None else out.add_(bias)

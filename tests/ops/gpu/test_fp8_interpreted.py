@@ -87,3 +87,12 @@ def test_the_fp8_experts_match_the_oracle(t, e, k, d, i, gated, act):
         tiles = Tiles(16, up_n, 128, 4, 2)
         got = triton_fp8.moe_experts(x, weights, ids, ex, tiles, tiles, a_fp8=True)
         assert _rel(got, want) < 0.1  # h's e4m3 rounding (the interpreter's: coarser than on a GPU)
+
+
+def test_the_activation_quantizer_pads_rows_for_cublas():
+    g = torch.Generator().manual_seed(1)
+    x = _exact_activations(9, 300, g)
+    q, s = fp8_triton.quantize_activation(x, cublas_layout=True)
+    assert q.shape == (12, 300) and s.shape == (12, 3) and s.stride() == (1, 12)
+    assert torch.equal(q[:9].float() * s[:9].repeat_interleave(128, dim=1)[:, :300], x)
+    assert (q[9:].float() == 0).all()

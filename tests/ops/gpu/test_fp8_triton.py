@@ -15,7 +15,7 @@ import torch.nn.functional as F
 if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
-from flashstate.ops.fp8 import fp8_linear  # noqa: E402
+from flashstate.ops.fp8 import cublas, fp8_linear  # noqa: E402
 from flashstate.ops.fp8 import naive as fp8_naive  # noqa: E402
 from flashstate.ops.fp8 import triton as fp8_triton  # noqa: E402
 from flashstate.ops.fp8.block_quant import FP8_DTYPE, FP8_MAX, dequantize_block, quantize_block  # noqa: E402
@@ -90,6 +90,50 @@ def test_the_activation_quantizer_matches_torch():
     back = q.double() * s.double().repeat_interleave(128, 1)[:, :1000]
     assert _rel(back, _round_act(x)) < 1e-3
     assert (q[5].float() == 0).all()
+
+
+def _needs_cublas():
+    if not cublas.available(torch.cuda.current_device()):
+        pytest.skip("no block-scaled scaled_mm in this torch, or not an SM90 GPU")
+
+
+@pytest.mark.parametrize("t", [1, 130, 4096])
+@pytest.mark.parametrize(("n", "k"), [(256, 384), (2048, 2048), (9216, 2048), (2048, 512)])
+def test_the_cublas_gemm_matches_the_oracle(t, n, k):
+    """The cuBLAS path (K/128 = 3: padded weight scales; t = 1, 130: padded rows) against the same
+    activation rounding done in torch, and against the unrounded oracle."""
+    _needs_cublas()
+    wq, ws = _weight(n, k, seed=n + k + t)
+    x = torch.randn(t, k, device=DEV).bfloat16()
+    bias = torch.randn(n, device=DEV).bfloat16()
+    got = fp8_triton.cublas_gemm(x, wq, ws, bias)
+    assert got.shape == (t, n) and got.dtype == torch.bfloat16 and torch.isfinite(got).all()
+    assert _rel(got, _w8a8_reference(x, wq, ws, bias)) < 1e-2
+    assert _rel(got, fp8_naive.fp8_linear(x.double(), wq, ws, bias.double())) < 5e-2
+
+
+def test_fp8_linear_sends_large_gemms_to_cublas(monkeypatch):
+    _needs_cublas()
+    wq, ws = _weight(2048, 2048, seed=5)
+    calls = []
+
+    def cublas_gemm(x, w, *_):
+        calls.append(x.shape[0])
+        return x.new_zeros(x.shape[0], w.shape[0])
+
+    monkeypatch.setattr(fp8_triton, "cublas_gemm", cublas_gemm)
+    for t in (16, 600):  # 600·2048·2048 ≥ 2^31
+        fp8_linear(torch.randn(t, 2048, device=DEV).bfloat16(), wq, ws)
+    assert calls == [600]
+
+
+def test_the_quantizer_writes_cublas_layout_with_zero_pad_rows():
+    x = torch.randn(130, 1000, device=DEV)
+    q, s = fp8_triton.quantize_activation(x, cublas_layout=True)
+    assert q.shape == (132, 1000) and s.shape == (132, 8) and s.stride() == (1, 132)
+    q_rows, s_rows = fp8_triton.quantize_activation(x)
+    assert torch.equal(q[:130].float(), q_rows.float()) and torch.equal(s[:130], s_rows)
+    assert (q[130:].float() == 0).all() and torch.isfinite(s[130:]).all()
 
 
 def test_wrong_weights_are_refused():
