@@ -129,7 +129,7 @@ class ModelRunner:
         except RuntimeError as e:  # an op that waits on the device (e.g. the reference ops' host loops)
             if self.peers is not None:  # the workers' captures cannot be left half-way
                 raise
-            logger.warning("decode stays eager: CUDA graph capture failed (%s)", str(e).splitlines()[0])
+            logger.warning("decode stays eager: CUDA graph capture failed (%s)", _root_cause(e))
             torch.cuda.synchronize(self.device)
             return False
         self.graphs = graphs
@@ -154,7 +154,7 @@ class ModelRunner:
             try:
                 mixed.capture()
             except RuntimeError as e:
-                logger.warning("mixed steps stay eager: graph capture failed (%s)", str(e).splitlines()[0])
+                logger.warning("mixed steps stay eager: graph capture failed (%s)", _root_cause(e))
                 mixed.release()
                 torch.cuda.synchronize(self.device)
                 return False
@@ -376,3 +376,12 @@ class ModelRunner:
         elif self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return StepOutput(token_ids, logprobs, time.perf_counter() - start, top)
+
+
+def _root_cause(error: BaseException) -> str:
+    """The first line of the earliest error in `error`'s chain: a failed capture raises "operation failed
+    due to a previous error during capture" when the graph context closes, hiding the op that failed."""
+    while error.__context__ is not None:
+        error = error.__context__
+    lines = str(error).splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"
