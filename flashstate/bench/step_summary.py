@@ -89,6 +89,9 @@ def summarize_rows(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         if "ahead" in rows[0]
         else None,
         "decode_seqs_in_prefill_steps_mean": mean([r["decode_seqs"] for r in mixed]),
+        # the steps that replayed a captured CUDA graph; None: not traced
+        "prefill_steps_graphed": sum(r["graphed"] for r in mixed) if "graphed" in rows[0] else None,
+        "decode_steps_graphed": sum(r["graphed"] for r in decode) if "graphed" in rows[0] else None,
         "waiting_mean": mean([r["waiting"] for r in rows]),
         "seconds_in_prefill_steps": mixed_s,
         "seconds_in_decode_steps": decode_s,

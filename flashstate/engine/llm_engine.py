@@ -77,6 +77,7 @@ class LLMEngine:
             self.device = self.tp.device
         self._in_flight: tuple[ScheduledBatch, InFlight] | None = None  # a decode step launched ahead
         self._stepping: list[Sequence] = []  # the sequences of the step under way (see `recover`)
+        self._graphed = False  # whether the step under way replayed a captured graph (the step trace)
         self._failed_steps = 0  # steps failed since the last that succeeded
         self.trace: StepTrace | None = None
         self._scheduled_at = 0.0
@@ -363,7 +364,8 @@ class LLMEngine:
             start = self._scheduled_at = time.monotonic()
             ahead = self._in_flight is not None
             batch, outputs = self._step()
-            self.trace.record(start, self._scheduled_at, batch, self.scheduler, ahead, self.host)
+            graphed = batch is not None and self._graphed
+            self.trace.record(start, self._scheduled_at, batch, self.scheduler, ahead, self.host, graphed)
         self._failed_steps = 0
         self.stats = snapshot(self.scheduler, self.cache)
         return outputs
@@ -374,6 +376,7 @@ class LLMEngine:
             batch, flight = self._in_flight
             self._in_flight = None
             self._stepping = list(batch.seqs)
+            self._graphed = flight.graphed
             return batch, self._pipeline(batch, flight)
         batch = self.scheduler.schedule()
         self._scheduled_at = time.monotonic()
@@ -384,8 +387,11 @@ class LLMEngine:
         # A grammar's mask needs the tokens before it: constrained batches never run a step ahead.
         constrained = any(s.params.structured_output is not None for s in batch.seqs)
         if self._may_pipeline() and self.runner.is_decode(batch) and not constrained:
-            return batch, refused + self._pipeline(batch, self.runner.launch(batch))
+            flight = self.runner.launch(batch)
+            self._graphed = flight.graphed
+            return batch, refused + self._pipeline(batch, flight)
         out = self.runner.run(batch, self._grammar_bitmask if constrained else None)
+        self._graphed = self.runner.graphed
         return batch, refused + self._postprocess(batch, out)
 
     def _refused(self) -> list[RequestOutput]:

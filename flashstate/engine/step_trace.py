@@ -1,7 +1,8 @@
 """StepTrace: one JSON line per engine step (`--step-trace PATH`), to see where a serving load's time goes:
 when the step began, how long the call took, what it computed and what was left queued. `prefill_pairs`
 (Σ over chunks of (p + n)² − p², a chunk of n tokens resuming at depth p) and `decode_context` (Σ of the
-decoding sequences' lengths) are what a step-time model needs beyond the token counts. With a host tier,
+decoding sequences' lengths) are what a step-time model needs beyond the token counts; `graphed`, whether
+the step replayed a captured CUDA graph (decode or mixed-step) or ran eager. With a host tier,
 `host_ms` is the engine thread's time inside the tier during the step (lookups, restores' copies issued,
 write-backs staged) and `host_restores` the restores it issued.
 
@@ -70,6 +71,7 @@ class StepTrace:
         scheduler: Scheduler,
         ahead: bool,
         host: HostTier | None = None,
+        graphed: bool = False,
     ) -> None:
         """time.monotonic() when the step call began and when its batch was scheduled (the start for a
         step launched ahead); `batch`: what it ran (None: nothing)."""
@@ -86,6 +88,7 @@ class StepTrace:
             "prefill_pairs": pairs,
             "decode_context": context,
             "ahead": ahead,  # launched during the step before (async scheduling), not scheduled by this one
+            "graphed": graphed,
             "running": len(scheduler.running),
             "waiting": len(scheduler.waiting),
         }

@@ -31,6 +31,7 @@ def test_one_line_per_step_accounts_for_every_token(tiny_model_dir, tmp_path):
     # async scheduling (on by default) launched decode steps ahead; only pure decode steps go ahead
     assert any(r["ahead"] for r in rows)
     assert all(r["prefill_tokens"] == 0 for r in rows if r["ahead"])
+    assert not any(r["graphed"] for r in rows)  # no CUDA graphs on the CPU: every step ran eager
     # chunks of one prompt tile its square: Σ (p + n)² − p² over them is its length squared
     assert sum(r["prefill_pairs"] for r in rows) == sum(len(p) ** 2 for p in prompts)
     # decodes of each request at lengths len(p) + 1 .. len(p) + 4

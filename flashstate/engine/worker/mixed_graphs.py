@@ -94,6 +94,10 @@ class MixedGraphs(MixedBuckets):
         at = {i: j if j < ones else b + j - ones for j, i in enumerate(order)}
         return logits[upload([at[i] for i in rows], torch.long, self.device)]
 
+    def captured(self, key: tuple[int, int, int]) -> bool:
+        entry = self._buckets.get(key)
+        return entry is not None and entry.graph is not None
+
     def _padded(
         self, batch: ScheduledBatch, order: list[int], b: int, k: int, t: int
     ) -> tuple[Tensor, ForwardMetadata]:

@@ -41,6 +41,7 @@ class InFlight:
     # [n, K] on the device: the K most likely tokens per row and their logprobs; None when no row asked
     top_ids: torch.Tensor | None = None
     top_logprobs: torch.Tensor | None = None
+    graphed: bool = False  # replayed a captured decode graph
 
 
 @dataclass(slots=True)
@@ -85,6 +86,7 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         self.inputs: DecodeInputs | None = None  # pure-decode batches' persistent inputs
         self.mixed: MixedGraphs | None = None  # small mixed steps at fixed shapes
+        self.graphed = False  # whether the batch launched last replayed a captured graph (the step trace's)
         # The last batch's SamplingBatch, kept while the batch is the same sequences (kept alive: ids unique).
         self._sampling: tuple[list[Sequence], list[int], SamplingBatch] | None = None
         # Two pinned (tokens, logprobs) pairs, alternating: a step launched ahead writes one while the
@@ -216,6 +218,7 @@ class ModelRunner:
         """Logits [n, V] of the decode batch in `inputs` (uploaded), replayed when `graphs` is given."""
         if self.peers is not None:
             self.peers.decode(self.inputs, bs, graphs is not None, tables_changed)
+        self.graphed = graphs is not None
         if graphs is not None:
             return graphs.replay(n)
         hidden = self._decode_model(self.inputs.input_ids(n), self.inputs.metadata(n))
@@ -265,6 +268,7 @@ class ModelRunner:
                 None,
                 start,
                 *top,
+                self.graphed,
             )
         n = len(seqs)
         if not self._read_buffers or self._read_buffers[0][0].shape[0] < n:
@@ -283,7 +287,8 @@ class ModelRunner:
             lps.copy_(sampled.logprobs, non_blocking=True)
         done = torch.cuda.Event()
         done.record()
-        return InFlight(seqs, sampled.token_ids, tokens, lps if want else None, done, start, *top)
+        lps = lps if want else None
+        return InFlight(seqs, sampled.token_ids, tokens, lps, done, start, *top, self.graphed)
 
     @torch.inference_mode()
     def launch(self, batch: ScheduledBatch, token_bitmask: TokenBitmaskFn | None = None) -> InFlight:
@@ -353,7 +358,9 @@ class ModelRunner:
             logits = self._decode(batch.seqs)
         elif self.mixed is not None and (key := self.mixed.bucket(batch)) is not None:
             logits = self.mixed.forward(batch, key, rows)
+            self.graphed = self.mixed.captured(key)
         else:
+            self.graphed = False
             input_ids, meta = self.build_metadata(batch)
             hidden = self.model(input_ids, meta)
             if rows:
