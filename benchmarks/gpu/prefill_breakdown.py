@@ -15,6 +15,7 @@ import argparse
 import json
 import logging
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -115,9 +116,6 @@ def breakdown(name: str, layers: int, tokens: int, extra: dict) -> dict:
         "mixed_graphs": mixed is not None and bool(getattr(mixed, "_buckets", {})),
         "warnings": warnings, "parts_ms": dict(parts), "top_kernels_ms": top,
     }  # fmt: skip
-    engine = None
-    del llm
-    torch.cuda.empty_cache()
     return result
 
 
@@ -127,18 +125,30 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=8, help="layers kept from each preset's pattern")
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--quantization", default=None)
+    ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (a faster start)")
+    ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child: one preset, JSON out
     a = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     extra = {"quantization": a.quantization} if a.quantization else {}
+    if a.enforce_eager:
+        extra["enforce_eager"] = True
+    out = Path(os.environ.get("OUT", "."))
+    if a.one:
+        name = a.presets[0]
+        r = breakdown(name, a.layers, a.tokens, extra)
+        (out / f"prefill_breakdown_{name}.json").write_text(json.dumps(r, indent=1))
+        return
     rows = []
-    for name in a.presets:
-        try:
-            r = breakdown(name, a.layers, a.tokens, extra)
-        except Exception as e:  # one preset's failure must not hide the others'
-            r = {"preset": name, "error": repr(e)[:400]}
-        rows.append(r)
-        path = Path(os.environ.get("OUT", ".")) / f"prefill_breakdown_{name}.json"
-        path.write_text(json.dumps(r, indent=1))
+    for name in a.presets:  # one process each: a preset's memory is gone before the next starts
+        args = [sys.executable, __file__, name, "--one", "--layers", str(a.layers), "--tokens", str(a.tokens)]
+        args += ["--quantization", a.quantization] if a.quantization else []
+        args += ["--enforce-eager"] if a.enforce_eager else []
+        done = subprocess.run(args, capture_output=True, text=True)
+        path = out / f"prefill_breakdown_{name}.json"
+        if done.returncode == 0 and path.exists():
+            rows.append(json.loads(path.read_text()))
+        else:
+            rows.append({"preset": name, "error": done.stderr.strip().splitlines()[-1:] or done.returncode})
     print("| preset | layers | prefill s | " + " | ".join(p for p, _ in PARTS) + " | other | graphs |")
     for r in rows:
         if "error" in r:

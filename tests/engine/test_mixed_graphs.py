@@ -105,3 +105,20 @@ def test_captured_mixed_steps_give_the_unpadded_engines_tokens(tiny_model_dir):
     assert used[True] >= 5
     assert [o[0] for o in outs[True]] == [o[0] for o in outs[False]]
     assert sum(a == b for a, b in zip(outs[True], outs[False], strict=True)) >= 8
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("preset", ["tiny-nemotron-h", "tiny-kimi-linear"])
+def test_every_family_captures_its_mixed_steps(preset, tmp_path):
+    """Mamba2 (SSD) and KDA layers capture too: no op in their chunked paths waits on the device (FLA's
+    `chunk_fwd_h` read its chunk count back, which failed every Nemotron capture)."""
+    from flashstate.models.presets import materialize
+
+    path = materialize(preset, tmp_path / preset, seed=0)
+    llm = _engine(str(path), True, device="cuda", mixed_step_graphs=True, max_model_len=1024)
+    mixed = llm.engine.runner.mixed
+    assert mixed is not None and mixed._buckets and all(e.graph is not None for e in mixed._buckets.values())
+    prompts = [[(5 * i + j) % 900 + 50 for i in range(20 + 17 * j)] for j in range(6)]
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    assert all(len(o.token_ids) == 8 for o in outs)
+    _assert_pools_full(llm)

@@ -41,7 +41,6 @@ def chunk_ssd(
 ) -> tuple[Tensor, Tensor]:
     """x: [1, T, H, P]; dt: [1, T, H]; A: [H]; B, C: [1, T, G, N]; D: [H]; state_pool: [S, H, P, N].
     Returns y: [1, T, H, P] (x's dtype) and the exported states [E, H, P, N]."""
-    from fla.ops.common.chunk_h import chunk_fwd_h
     from fla.ops.common.chunk_o import chunk_fwd_o
 
     del chunk_size
@@ -59,16 +58,7 @@ def chunk_ssd(
     cu, chunks, g_cum, h0 = varlen_setup(
         delta * A.float(), cu_seqlens, state_pool, state_indices, has_initial_state, chunk_indices
     )
-    h, final = chunk_fwd_h(
-        k=k,
-        v=v,
-        g=g_cum,
-        h0=h0,
-        output_final_state=True,
-        state_v_first=True,
-        cu_seqlens=cu,
-        chunk_size=FLA_CHUNK,
-    )
+    h, final = _chunk_states(k, v, g_cum, h0, cu, chunks)
     y = chunk_fwd_o(
         q=q,
         k=k,
@@ -87,6 +77,34 @@ def chunk_ssd(
         h, k, v, g_cum, cu, export_token_ids, state_pool, state_indices, final, v_first=True
     )
     return y.to(x.dtype), exported
+
+
+def _chunk_states(
+    k: Tensor, v: Tensor, g_cum: Tensor, h0: Tensor, cu: Tensor, chunks: Tensor
+) -> tuple[Tensor, Tensor]:
+    """FLA's `chunk_fwd_h` (simple-GLA chunk start states, value-first, fp32 final states) without its host
+    read: it sizes the states by `split_offsets[-1].item()`, a device wait that a CUDA graph cannot capture
+    (the mixed-step graphs), where the chunk list's length is the same count, known on the host.
+    Returns h [1, NT, H, V, K] (k's dtype) and the final states [N, H, V, K] fp32."""
+    import triton
+    from fla.ops.common.chunk_h import chunk_fwd_kernel_h
+    from fla.ops.utils.index import prepare_chunk_offsets
+
+    _, _, heads, dk, dv = *k.shape, v.shape[-1]
+    n = cu.shape[0] - 1
+    h = k.new_empty(1, chunks.shape[0], heads, dv, dk)
+    final = k.new_empty(n, heads, dv, dk, dtype=torch.float)
+
+    def grid(meta: dict) -> tuple[int]:
+        return (triton.cdiv(dk, meta["BK"]) * triton.cdiv(dv, meta["BV"]) * n * heads,)
+
+    chunk_fwd_kernel_h[grid](
+        k=k, v=v, h=h, g=g_cum, g_gamma=None, gk=None, gv=None, h0=h0, ht=final, cu_seqlens=cu,
+        split_offsets=prepare_chunk_offsets(cu, FLA_CHUNK), T=k.shape[1], H=heads, K=dk, V=dv,
+        BT=FLA_CHUNK, BS=FLA_CHUNK, USE_G=True, USE_G_GAMMA=False, USE_GK=False, USE_GV=False,
+        STATE_V_FIRST=True,
+    )  # fmt: skip
+    return h, final
 
 
 def fused_recurrent_ssd(
