@@ -191,6 +191,13 @@ class EngineConfig:
         "append one JSON line per engine step to PATH (start, duration, prefill tokens, decodes, queue)",
         metavar="PATH",
     )
+    kernel_cache: str | None = _engine(
+        None,
+        "restore the Triton kernels compiled by an earlier start with the same Triton, torch, CUDA and GPU "
+        "from DIR before building, and archive there what this start's warm-up compiled (a start without "
+        "compiles: seconds, not minutes)",
+        metavar="DIR",
+    )
 
     enable_prefix_caching: bool = _cache(True, "reuse the hybrid state of earlier prompts' prefixes")
     cache_policy: CachePolicy = _cache(

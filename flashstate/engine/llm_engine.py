@@ -41,6 +41,7 @@ from flashstate.engine.worker.model_runner import InFlight, ModelRunner, StepOut
 from flashstate.generation_config import generation_defaults
 from flashstate.models.loader import load_model, load_tokenizer
 from flashstate.ops.compile_watch import CompileWatch
+from flashstate.ops.kernel_cache import open_archive
 from flashstate.sampling_params import SamplingParams
 from flashstate.sequence import Sequence, SequenceStatus
 from flashstate.spec.model_spec import DTYPES
@@ -93,6 +94,10 @@ class LLMEngine:
         )  # fmt: skip
 
     def _build(self, config: EngineConfig, model_dir: str, dtype: torch.dtype | None) -> None:
+        # before anything compiles (the graph captures and the warm-up): an earlier start's kernels
+        self.kernels = open_archive(config.kernel_cache, self.device)
+        if self.kernels is not None:
+            self.kernels.restore()
         shard = self.tp.shard if self.tp is not None else None
         self.model = load_model(
             model_dir, dtype=dtype, device=self.device, shard=shard, load_format=config.load_format,
@@ -137,6 +142,8 @@ class LLMEngine:
             self._new_cache()
             self.warm_up()
             self.compiles.install()
+            if self.kernels is not None:
+                self.kernels.save()
         self.host = build_host_tier(config, self.model, caches, self.cost)
         self._new_cache()
         if config.step_trace is not None:
@@ -595,6 +602,10 @@ class LLMEngine:
             trace.close()
         if hasattr(self, "compiles"):
             self.compiles.uninstall()
+        kernels, self.kernels = getattr(self, "kernels", None), None
+        if kernels is not None:  # with the variants compiled while serving, for the next start
+            kernels.wait()
+            kernels.save(background=False)
         if self.tp is not None:
             if hasattr(self, "runner"):  # graphs holding NCCL kernels go before the NCCL group
                 self.runner.release_graphs()
