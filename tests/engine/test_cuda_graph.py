@@ -54,3 +54,15 @@ def test_graph_decode_with_async_scheduling_equals_synchronous(tiny_model_dir):
         outs[mode] = [(o.token_ids, o.finish_reason, o.stop_reason) for o in llm.generate(prompts, params)]
         llm.engine.check_integrity()
     assert outs[True] == outs[False]
+
+
+def test_mixed_step_buckets_take_every_decode_count_at_most_doubled():
+    from flashstate.engine.step_shapes import mixed_decode_sizes
+
+    for top in (1, 2, 3, 6, 48, 96, 256):
+        sizes = mixed_decode_sizes(top)
+        assert sizes == sorted(set(sizes)) and sizes[-1] == top
+        for b in range(1, top + 1):
+            fit = next(s for s in sizes if s >= b)
+            assert fit < 2 * b or fit == 1
+    assert len(mixed_decode_sizes(96)) == 8 < len(capture_sizes(96))
