@@ -13,6 +13,9 @@ if TYPE_CHECKING:
 
 PREFILL_SIZES = (64, 128, 256, 512, 1024, 2048)  # multiples of FLA_CHUNK: a bucket's chunk count is fixed
 MAX_CHUNKS = 3  # prefill chunks in one bucket
+# state exports in one bucket (checkpoints the cache keeps: prompt ends, block boundaries, message ends);
+# a bucket always runs this many, the unused ones writing into the pad slot
+MAX_EXPORTS = 2 * MAX_CHUNKS
 
 
 def capture_sizes(max_batch: int) -> list[int]:
@@ -52,12 +55,14 @@ class MixedBuckets:
         max_blocks_per_seq: int,
         max_decode: int,
         prefill_sizes: tuple[int, ...] = PREFILL_SIZES,
+        max_exports: int = MAX_EXPORTS,
     ):
         if any(t % FLA_CHUNK for t in prefill_sizes):
             raise ValueError(f"prefill sizes must be multiples of {FLA_CHUNK}, got {prefill_sizes}")
         self.block_size = block_size
         self.width = max_blocks_per_seq
         self.decode_sizes = mixed_decode_sizes(max_decode)
+        self.max_exports = max_exports
         # a chunk longer than the widest block table never runs (nor may a capture's pad chunk address it)
         self.prefill_sizes = sorted(t for t in prefill_sizes if -(-t // block_size) <= max_blocks_per_seq)
 
@@ -71,12 +76,12 @@ class MixedBuckets:
         ]
 
     def bucket(self, batch: ScheduledBatch) -> tuple[int, int, int] | None:
-        """(B, K, T) of a batch with no exports, K ≤ MAX_CHUNKS rows of more than one token whose padded
-        lengths fit the largest prefill size, and at most the largest decode size of one-token rows; None
-        for any other."""
+        """(B, K, T) of a batch with at most max_exports exports, K ≤ MAX_CHUNKS rows of more than one token
+        whose padded lengths fit the largest prefill size, and at most the largest decode size of one-token
+        rows; None for any other."""
         chunks = [i for i, n in enumerate(batch.num_tokens) if n > 1]
         k = len(chunks)
-        if batch.exports or not 1 <= k <= MAX_CHUNKS:
+        if len(batch.exports) > self.max_exports or not 1 <= k <= MAX_CHUNKS:
             return None
         need = sum(padded_len(batch.num_tokens[i]) for i in chunks[:-1]) + batch.num_tokens[chunks[-1]]
         t = next((s for s in self.prefill_sizes if s >= max(need, k * FLA_CHUNK)), None)

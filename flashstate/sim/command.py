@@ -61,6 +61,7 @@ def make_engines(
             clock=lambda: loop.now,
             prefill_step_s=profile.prefill_step_s,
             graphed_step_s=profile.graphed_step_s,
+            graphed_max_exports=profile.graphed_max_exports,
         )
         for _ in range(n)
     ]

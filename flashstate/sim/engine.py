@@ -32,7 +32,7 @@ from flashstate.config import EngineConfig
 from flashstate.engine.output.stop_checker import Finish
 from flashstate.engine.request_state import LENGTH
 from flashstate.engine.scheduler import ScheduledBatch, Scheduler
-from flashstate.engine.step_shapes import MixedBuckets
+from flashstate.engine.step_shapes import MAX_EXPORTS, MixedBuckets
 from flashstate.engine.step_trace import request_row, step_shape
 from flashstate.sampling_params import SamplingParams
 from flashstate.sequence import RequestStats, Sequence
@@ -89,6 +89,7 @@ class SimEngine:
         max_token_id: int = 256,
         prefill_step_s: float = 0.0,
         graphed_step_s: float | None = None,
+        graphed_max_exports: int = MAX_EXPORTS,
     ):
         self.config = config
         self.prefill, self.decode, self.prefill_step_s = prefill, decode, prefill_step_s
@@ -120,8 +121,9 @@ class SimEngine:
         )
         self.max_model_len = config.max_model_len or spec.max_position_embeddings
         self.scheduler = Scheduler.from_config(self.cache, config, self.max_model_len)
+        width = -(-self.max_model_len // config.block_size)
         self.buckets = (
-            MixedBuckets(config.block_size, -(-self.max_model_len // config.block_size), config.max_num_seqs)
+            MixedBuckets(config.block_size, width, config.max_num_seqs, max_exports=graphed_max_exports)
             if graphed
             else None
         )

@@ -8,7 +8,10 @@
                 from the points when absent; step_s (optional, 0): the fixed cost of a step that prefills
                 anything (the eager forward's host work, which decode steps replay from CUDA graphs);
                 graphed_step_s (optional): that cost for a mixed step run as a CUDA graph
-                (--mixed-step-graphs, for the steps engine/mixed_graphs.py's buckets take),
+                (--mixed-step-graphs, for the steps engine/mixed_graphs.py's buckets take);
+                graphed_max_exports (optional): the most state exports such a step held on the engine
+                the profile was measured on (absent: the engine's own, step_shapes.MAX_EXPORTS; 0 for
+                an engine whose buckets took no step that exported),
      "decode": {"base_s", "per_seq_s", "per_token_s"}   one decode step of B sequences holding T context
                 tokens in all: base_s + per_seq_s·B + per_token_s·T,
      "provenance": where the numbers come from}
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from flashstate.cache.cost import PrefillCost
+from flashstate.engine.step_shapes import MAX_EXPORTS
 
 PROFILE_SCHEMA = "flashstate.sim.profile/1"
 PROFILES_DIR = Path(__file__).parent / "profiles"
@@ -63,6 +67,7 @@ class Profile:
     path: str
     prefill_step_s: float = 0.0
     graphed_step_s: float | None = None  # None: graphed mixed steps not measured for this profile
+    graphed_max_exports: int = MAX_EXPORTS
 
     def serve_args(self) -> list[str]:
         """The engine flags this profile stands for (later flags override them)."""
@@ -78,6 +83,7 @@ class Profile:
             "prefill_b": self.prefill.b,
             "prefill_step_s": self.prefill_step_s,
             "graphed_step_s": self.graphed_step_s,
+            "graphed_max_exports": self.graphed_max_exports,
             "decode": {
                 "base_s": self.decode.base_s,
                 "per_seq_s": self.decode.per_seq_s,
@@ -134,6 +140,8 @@ def load_profile(name_or_path: str | None = None) -> Profile:
     if not isinstance(model, str) or not model:
         raise ProfileError(f"{where}.model: expected a preset name or a model directory")
     host = _num(memory, "host_bytes", f"{where}.memory", False)
+    prefill = doc.get("prefill") if isinstance(doc.get("prefill"), dict) else {}
+    exports = _num(prefill, "graphed_max_exports", f"{where}.prefill", False)
     return Profile(
         name=str(doc.get("name") or path.stem),
         device=str(doc.get("device", "")),
@@ -150,4 +158,5 @@ def load_profile(name_or_path: str | None = None) -> Profile:
         path=where,
         prefill_step_s=_num(doc["prefill"], "step_s", f"{where}.prefill", False) or 0.0,
         graphed_step_s=_num(doc["prefill"], "graphed_step_s", f"{where}.prefill", False),
+        graphed_max_exports=MAX_EXPORTS if exports is None else int(exports),
     )

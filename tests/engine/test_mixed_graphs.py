@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from flashstate.engine.scheduler import ScheduledBatch
+from flashstate.engine.step_shapes import MAX_EXPORTS
 from flashstate.engine.worker.mixed_graphs import MixedGraphs
 from flashstate.sampling_params import SamplingParams
 from flashstate.sequence import Sequence
@@ -18,25 +19,22 @@ from tests.engine.test_async_scheduling import _assert_pools_full, _assert_same,
 def test_outputs_equal_the_unpadded_engine(tiny_model_dir, policy):
     results, padded, hits = {}, {}, {}
     for mode in (False, True):
-        # no fallback checkpoints: a step that exports one is never padded, and every prompt here is one chunk
-        llm = _engine(
-            tiny_model_dir, True, cache_policy=policy, mixed_step_graphs=mode, max_model_len=512,
-            mamba_fallback_checkpoints="off",
-        )  # fmt: skip
+        llm = _engine(tiny_model_dir, True, cache_policy=policy, mixed_step_graphs=mode, max_model_len=512)
         reqs = [(list(range(100, 170)) + p, sp) for p, sp in _requests(llm.engine.spec.vocab_size, 12)]
         calls = []
         mixed = llm.engine.runner.mixed
         assert (mixed is not None) == mode
         if mixed is not None:
             forward = mixed.forward
-            mixed.forward = lambda *a, _f=forward, _c=calls: _c.append(a[1]) or _f(*a)
+            mixed.forward = lambda *a, _f=forward, _c=calls: _c.append((a[1], len(a[0].exports))) or _f(*a)
         first = llm.generate([p for p, _ in reqs], [s for _, s in reqs])
         turns = [p + o.token_ids + [7, 8, 9] for (p, _), o in zip(reqs, first, strict=True)]
         results[mode] = [_summary(first), _summary(llm.generate(turns, [s for _, s in reqs]))]
         padded[mode] = calls
         hits[mode] = llm.engine.cache.stats.cached_tokens
         _assert_pools_full(llm)
-    assert len(padded[True]) > 10 and {k for _, k, _ in padded[True]} >= {1, 2}  # one chunk and two
+    assert len(padded[True]) > 10 and {k for (_, k, _), _ in padded[True]} >= {1, 2}  # one chunk and two
+    assert any(n for _, n in padded[True])  # steps that export checkpoints (prompt ends, block boundaries)
     assert hits[True] == hits[False]
     for got, want in zip(results[True], results[False], strict=True):
         _assert_same(got, want)
@@ -48,7 +46,7 @@ def _seq(i: int, prompt: int, computed: int, blocks: int) -> Sequence:
     return seq
 
 
-def test_a_batch_with_a_few_short_chunks_and_no_exports_has_a_bucket(tiny_model_dir):
+def test_a_batch_with_a_few_short_chunks_and_exports_has_a_bucket(tiny_model_dir):
     llm = _engine(tiny_model_dir, True)
     graphs = MixedGraphs(llm.engine.model, llm.engine.runner.caches, 16, 16, llm.engine.device, max_decode=12)
     decode = [_seq(i, 20, 20, 2) for i in range(3)]
@@ -66,8 +64,11 @@ def test_a_batch_with_a_few_short_chunks_and_no_exports_has_a_bucket(tiny_model_
     assert graphs.bucket(ScheduledBatch([_seq(5, 9000, 0, 8)], [3000])) is None  # longer than 2048
     assert graphs.bucket(ScheduledBatch([_seq(6, 300, 200, 16)], [60])) is None  # pads past the widest table
     exporting = ScheduledBatch()
-    exporting.add(chunk, 70, [(30, 9)])
-    assert graphs.bucket(exporting) is None
+    exporting.add(chunk, 70, [(30, 9), (70, 10)])  # checkpoints inside the chunk and at its end
+    assert graphs.bucket(exporting) == (1, 1, 128)
+    for i in range(MAX_EXPORTS):  # decode rows exporting too
+        exporting.add(_seq(10 + i, 100, 30, 7), 1, [(1, 20 + i)])
+    assert len(exporting.exports) > MAX_EXPORTS and graphs.bucket(exporting) is None  # more than it holds
 
 
 def test_every_bucket_fits_the_widest_block_table(tiny_model_dir):

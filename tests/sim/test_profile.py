@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 
@@ -64,3 +65,17 @@ def test_bad_profile_names_the_field(tmp_path, change, field):
 def test_unknown_profile_lists_the_shipped_ones():
     with pytest.raises(ProfileError, match=DEFAULT_PROFILE):
         load_profile("no-such-profile")
+
+
+def test_graphed_steps_hold_the_exports_of_the_engine_the_profile_was_measured_on(tmp_path):
+    """The served profile predates exports in mixed-step buckets (0); a profile that does not say takes the
+    engine's own capacity."""
+    from flashstate.engine.step_shapes import MAX_EXPORTS
+
+    served = load_profile("h200-qwen3-next-2b-served")
+    assert served.graphed_step_s is not None and served.graphed_max_exports == 0
+    doc = json.loads(Path(served.path).read_text())
+    del doc["prefill"]["graphed_max_exports"]
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(doc))
+    assert load_profile(str(path)).graphed_max_exports == MAX_EXPORTS

@@ -5,10 +5,12 @@ of GPU work, docs/history/benchmarks-2026-11.md). Here it runs padded to a bucke
 rows (the batch's one-token rows, then pad rows into the pad block and pad slot), then its K prefill chunks,
 each padded to a multiple of FLA_CHUNK tokens and the last one to make T in all
 (`ForwardMetadata.build(pad=...)`: pad tokens are masked out of the recurrent updates and write their KV into
-the pad block). For a bucket
-every shape is fixed — the token count, the chunk list's length, the attention tiles, the spans — so its
-forward and the logits at each row's last real token are captured once and replayed with new contents in the
-bucket's buffers. On the CPU the same padded forward runs eagerly (what the tests check).
+the pad block). The step's state exports (the checkpoints the cache keeps: prompt ends, block boundaries,
+message ends) go to their rows, and pad exports make MAX_EXPORTS of them: the state after row 0's token
+into the pad slot. For a bucket every shape is fixed — the token count, the chunk list's length, the export
+count, the attention tiles, the spans — so its forward and the logits at each row's last real token are
+captured once and replayed with new contents in the bucket's buffers. On the CPU the same padded forward runs
+eagerly (what the tests check).
 
     graphs = MixedGraphs(model, caches, block_size, max_blocks, device, max_decode)
     graphs.capture()                       # CUDA
@@ -44,6 +46,8 @@ _PER_STEP = (
     "has_initial_state",
     "real_tokens",
     "last_real",
+    "export_token_ids",
+    "export_slots",
 )
 
 
@@ -79,7 +83,9 @@ class MixedGraphs(MixedBuckets):
         entry = self._entry(key)
         chunks = [i for i, n in enumerate(batch.num_tokens) if n > 1]
         order = [i for i, n in enumerate(batch.num_tokens) if n == 1] + chunks
-        tokens, meta = self._padded(batch, order, b, k, t)
+        ones = len(order) - k  # the chunks' rows sit after the B one-token rows
+        at = {i: j if j < ones else b + j - ones for j, i in enumerate(order)}  # batch index → padded row
+        tokens, meta = self._padded(batch, order, at, b, k, t)
         entry.tokens.copy_(tokens)
         for f in _PER_STEP:
             getattr(entry.meta, f).copy_(getattr(meta, f))
@@ -90,8 +96,6 @@ class MixedGraphs(MixedBuckets):
             logits = entry.logits
         else:
             logits = self._logits(entry)
-        ones = len(order) - k  # the chunks' rows sit after the B one-token rows
-        at = {i: j if j < ones else b + j - ones for j, i in enumerate(order)}
         return logits[upload([at[i] for i in rows], torch.long, self.device)]
 
     def captured(self, key: tuple[int, int, int]) -> bool:
@@ -99,10 +103,11 @@ class MixedGraphs(MixedBuckets):
         return entry is not None and entry.graph is not None
 
     def _padded(
-        self, batch: ScheduledBatch, order: list[int], b: int, k: int, t: int
+        self, batch: ScheduledBatch, order: list[int], at: dict[int, int], b: int, k: int, t: int
     ) -> tuple[Tensor, ForwardMetadata]:
         """The batch's one-token rows, pad rows up to B (token 0 at position 0 into the pad block and slot),
-        then its K chunks padded (`chunk_lens`): input ids and metadata."""
+        then its K chunks padded (`chunk_lens`): input ids and metadata. Its exports go to their rows (`at`:
+        batch index → padded row), then pad exports up to max_exports."""
         pad_block, fill, ones = self.caches.pad_block, b - (len(order) - k), len(order) - k
         seqs = [batch.seqs[i] for i in order]
         counts = [batch.num_tokens[i] for i in order]
@@ -113,14 +118,21 @@ class MixedGraphs(MixedBuckets):
 
         done = [s.num_computed_tokens for s in seqs]
         spans = [s.token_ids[d : d + n] for s, d, n in zip(seqs, done, counts, strict=True)]
+        exports = [(at[i], n, slot) for i, n, slot in batch.exports]
         meta = ForwardMetadata.build(
             rows(counts, 1), rows([d + n for d, n in zip(done, counts, strict=True)], 1),
             rows([s.block_table for s in seqs], [pad_block]), self.block_size,
             rows([s.state_slot for s in seqs], self.caches.pad_slot), rows([d > 0 for d in done], False),
             device=self.device, pad=pads, pad_block=pad_block,
+            exports=exports + self._pad_exports(self.max_exports - len(exports)),
         )  # fmt: skip
         ids = [tok for span, p in zip(rows(spans, [0]), pads, strict=True) for tok in (*span, *[0] * p)]
         return upload(ids, torch.long, self.device), meta
+
+    def _pad_exports(self, n: int) -> list[tuple[int, int, int]]:
+        """n exports that change nothing: the state after row 0's token (a decode row or a pad row, every
+        bucket has one) into the pad slot."""
+        return [(0, 1, self.caches.pad_slot)] * n
 
     def _entry(self, key: tuple[int, int, int]) -> _Bucket:
         entry = self._buckets.get(key)
@@ -135,8 +147,9 @@ class MixedGraphs(MixedBuckets):
         tables = [[pad_block] * -(-n // self.block_size) for n in lens]
         slots = [self.caches.pad_slot] * (b + k)
         meta = ForwardMetadata.build(
-            lens, lens, tables, self.block_size, slots, [False] * (b + k), device=self.device
-        )
+            lens, lens, tables, self.block_size, slots, [False] * (b + k), device=self.device,
+            exports=self._pad_exports(self.max_exports),
+        )  # fmt: skip
         real = torch.ones(b + t, dtype=torch.bool, device=self.device)
         table = torch.full((b + k, self.width), pad_block, dtype=torch.int64, device=self.device)
         table[:, : meta.block_tables.shape[1]] = meta.block_tables
