@@ -30,7 +30,7 @@ def mixed_decode_sizes(max_decode: int) -> list[int]:
     """The decode-row counts of mixed-step buckets: powers of two, then max_decode. Coarser than the decode
     ladder: a mixed step's pad rows cost little beside its chunks (one token each, attending to one), and
     each size is one graph per (K, T) pair to capture at start: 96 rows take 8 sizes, 120 graphs, where the
-    decode ladder's 15 sizes took 225 (63.8 s of a 233 s start on the H200, 2026-12-02)."""
+    decode ladder's 15 sizes took 225."""
     sizes = [1 << i for i in range(max_decode.bit_length()) if 1 << i < max_decode]
     return [*sizes, max_decode]
 

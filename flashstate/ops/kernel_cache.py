@@ -1,8 +1,8 @@
 """KernelArchive: the Triton kernels a start compiled, kept as one archive per installed stack so the next
 start on any machine with the same stack loads them instead of compiling (`--kernel-cache DIR`).
 
-A bare H200 spends most of a start compiling Triton kernels (the 2B preset: ~200 s of a 355 s start, against
-~1 s with the kernels on disk). Triton's own cache is per machine (`~/.triton/cache`); this one travels: the
+A start on a machine without Triton's cache spends most of its time compiling kernels (benchmarks/RESULTS.md,
+cold start). Triton's own cache is per machine (`~/.triton/cache`); this one travels: the
 engine restores `DIR/<stack>.tar.gz` into Triton's cache before it builds anything, and after its warm-up
 writes the archive back when the warm-up compiled kernels the archive lacked. `<stack>` names what a
 compiled kernel depends on beyond its source — Triton's and torch's versions, the CUDA version and the GPU's
@@ -10,8 +10,8 @@ compute capability — so an archive built elsewhere is used only where it appli
 kernel by its source, so a stale entry misses and compiles as before.
 
 Only each kernel's binary and metadata are kept (`*.cubin`, `*.json`: what Triton loads a cached kernel
-from; the IR text it keeps beside them is dropped): ~2,600 kernels pack into ~10 MB. A missing, foreign or
-unreadable archive costs a log line, never a start.
+from; the IR text it keeps beside them is dropped). A missing, foreign or unreadable archive costs a log
+line, never a start.
 """
 
 from __future__ import annotations

@@ -12,9 +12,8 @@ Layouts cuBLAS requires (read from the torch build on the card, benchmarks/gpu/f
 M = 1 fails the scale-stride check and M = 5 is refused by cuBLAS's heuristic, hence the padding; K and N
 multiples of 128 are the only shapes used here (the Triton GEMM keeps the rest).
 
-At Qwen3-Next-80B's projection shapes on the H200 this reaches 57–62% of the FP8 peak at 8,192 rows (our
-Triton GEMM: 35–37%) and is the faster one from a few hundred rows on; below, the Triton kernels are
-(fp8_linear's dispatch, `CUBLAS_MIN_MNK`)."""
+cuBLAS is the faster GEMM on large shapes and the Triton kernels on small ones, where cuBLAS's per-call
+floor dominates (fp8_linear's dispatch, `CUBLAS_MIN_MNK`; the timings are in benchmarks/RESULTS.md)."""
 
 from __future__ import annotations
 
@@ -26,9 +25,8 @@ from torch import Tensor
 
 from flashstate.ops.fp8.block_quant import BLOCK
 
-# cuBLAS has a floor of ~8–12 µs a call on these shapes where the Triton GEMM goes down to ~5 µs, so it
-# takes a GEMM from M·N·K ≥ 2^31 on (H200, Qwen3-Next-80B's shapes at M = 16…8192: every faster case is
-# above, every slower or tied one below; o_proj N·K = 2048·4096 crosses between M = 128 and 256).
+# the crossover: on the H200 every GEMM of Qwen3-Next-80B's projections (M = 16…8192) that cuBLAS ran
+# faster is above, every one it ran slower or tied below (benchmarks/gpu/fp8_scaled_mm.py)
 CUBLAS_MIN_MNK = 1 << 31
 
 
