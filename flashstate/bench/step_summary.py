@@ -11,7 +11,7 @@ from typing import Any
 # a step row's fields (`engine/step_trace.py` writes these and schedule_ms)
 STEP_FIELDS = (
     "t", "ms", "prefill_tokens", "prefill_seqs", "decode_seqs", "running", "waiting", "prefill_pairs",
-    "decode_context",
+    "decode_context", "graphed",
 )  # fmt: skip
 
 

@@ -176,5 +176,6 @@ def run_fit_profile(args: argparse.Namespace) -> int:
         f"{out}: decode {1e3 * d['base_s']:.3f} ms + {1e6 * d['per_seq_s']:.1f} µs/seq + "
         f"{1e9 * d['per_token_s']:.3f} ns/context token; C(n) = {p['a']:.3e}·n + {p['b']:.3e}·n² s, "
         f"{1e3 * p['step_s']:.1f} ms per step with prefill"
+        + (f" ({1e3 * p['graphed_step_s']:.1f} ms graphed)" if "graphed_step_s" in p else "")
     )
     return 0

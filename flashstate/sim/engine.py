@@ -135,7 +135,7 @@ class SimEngine:
         self.steps = 0
         self.busy_seconds = 0.0
         # `--step-trace`'s fields, in the order of bench.step_summary.STEP_FIELDS, and its request lines
-        self.step_rows: list[tuple[float, float, int, int, int, int, int, int, int]] = []
+        self.step_rows: list[tuple[float, float, int, int, int, int, int, int, int, bool]] = []
         self.request_rows: list[dict] = []
 
     def add(
@@ -175,7 +175,7 @@ class SimEngine:
         seconds = step_seconds(batch, self.prefill, self.decode, fixed)
         self.steps += 1
         self.busy_seconds += seconds
-        self._record(self._clock(), seconds, batch)
+        self._record(self._clock(), seconds, batch, graphed=graphed or self._decode_graphed(batch))
         return batch, seconds
 
     def start_decode_run(self, max_seconds: float) -> tuple[int, float] | None:
@@ -219,13 +219,19 @@ class SimEngine:
         self.busy = True
         self.steps += k
         self.busy_seconds += seconds
-        self._record(self._clock(), seconds, None, b, context, k)
+        self._record(self._clock(), seconds, None, b, context, k, graphed=not self.config.enforce_eager)
         return k, seconds
 
+    def _decode_graphed(self, batch: ScheduledBatch) -> bool:
+        """Whether the engine would replay a decode graph for the batch (`ModelRunner.is_decode`, on CUDA)."""
+        one_each = all(n == 1 for n in batch.num_tokens) and all(map(batch.samples, range(len(batch))))
+        return not self.config.enforce_eager and not batch.exports and one_each
+
     def _record(self, start: float, seconds: float, batch: ScheduledBatch | None, decodes: int = 0,
-                context: int = 0, repeat: int = 1) -> None:  # fmt: skip
+                context: int = 0, repeat: int = 1, graphed: bool = False) -> None:  # fmt: skip
         """Step rows as `--step-trace` writes them: `batch` before it runs, or (a folded run of `repeat`
-        decode steps taking `seconds` in all) `decodes` sequences holding `context` tokens at the first."""
+        decode steps taking `seconds` in all) `decodes` sequences holding `context` tokens at the first;
+        `graphed` as the engine would have run it."""
         tokens = seqs = pairs = 0
         if batch is not None:
             tokens, seqs, decodes, pairs, context = step_shape(batch.seqs, batch.num_tokens, computed=False)
@@ -242,6 +248,7 @@ class SimEngine:
                 len(sched.waiting),
                 pairs,
                 context + i * decodes,
+                graphed,
             )  # fmt: skip
             for i in range(repeat)
         )

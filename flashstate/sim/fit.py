@@ -4,8 +4,10 @@ server under load), so the simulator prices steps as that engine ran them.
 Rows without prefill tokens fit the decode step, ms = base + per_seq · B + per_token · T (B decoding
 sequences holding T tokens). Rows with prefill fit C(n) = a·n + b·n² through what is left after their
 decoding rows: a chunk of n tokens resuming at depth p costs a·n + b·((p + n)² − p²), and the trace's
-`prefill_tokens` and `prefill_pairs` are those two sums. Least squares with non-negative coefficients (a
-term whose weight would go negative is dropped and the rest refitted).
+`prefill_tokens` and `prefill_pairs` are those two sums, plus a fixed cost per step: step_s for an eager
+step and, where the trace marks some steps `graphed` (replayed as a mixed-step CUDA graph) and not others,
+graphed_step_s for those. Least squares with non-negative coefficients (a term whose weight would go
+negative is dropped and the rest refitted).
 """
 
 from __future__ import annotations
@@ -87,17 +89,28 @@ def fit_steps(rows: list[dict[str, Any]]) -> dict[str, Any]:
             return 0.0
         return base + per_seq * r["decode_seqs"] + per_token * r["decode_context"]
 
-    x = np.array([[1.0, r["prefill_tokens"], r["prefill_pairs"]] for r in prefill_rows], dtype=float)
+    # a fixed cost per kind of step: eager, and (where the trace has both) replayed as a mixed-step graph
+    graphed = [bool(r.get("graphed")) for r in prefill_rows]
+    split = any(graphed) and not all(graphed)
+    x = np.array(
+        [
+            [*([float(not g), float(g)] if split else [1.0]), r["prefill_tokens"], r["prefill_pairs"]]
+            for g, r in zip(graphed, prefill_rows, strict=True)
+        ]
+    )
     y = np.array([r["ms"] / 1e3 - decode(r) for r in prefill_rows])
-    step, a, b = _nonneg_lstsq(x, y)
+    coef = _nonneg_lstsq(x, y)
+    *steps, a, b = (float(c) for c in coef)
+    prefill = {"a": a, "b": b, "step_s": steps[0]} | ({"graphed_step_s": steps[1]} if split else {})
     return {
         "decode": {"base_s": float(base), "per_seq_s": float(per_seq), "per_token_s": float(per_token)},
-        "prefill": {"a": float(a), "b": float(b), "step_s": float(step)},
+        "prefill": prefill,
         "fit": {
             "decode_steps": len(decode_rows),
             "decode_r2": decode_r2,
             "prefill_steps": len(prefill_rows),
-            "prefill_r2": _r2(x, y, np.array([step, a, b])),
+            "prefill_graphed_steps": sum(graphed),
+            "prefill_r2": _r2(x, y, coef),
         },
     }
 
@@ -120,8 +133,9 @@ def fitted_profile(
         "decode": fit["decode"],
         "provenance": (
             f"fitted by `flashstate fit-profile` from {quality['decode_steps']} pure-decode steps "
-            f"(R2 {quality['decode_r2']:.2f}) and {quality['prefill_steps']} steps with prefill (R2 "
-            f"{quality['prefill_r2']:.2f}) of {', '.join(sources)}; memory and engine flags from profile "
+            f"(R2 {quality['decode_r2']:.2f}) and {quality['prefill_steps']} steps with prefill, "
+            f"{quality['prefill_graphed_steps']} of them graphed (R2 {quality['prefill_r2']:.2f}) of "
+            f"{', '.join(sources)}; memory and engine flags from profile "
             f"{base.name}"
         ),
     }
@@ -129,14 +143,17 @@ def fitted_profile(
 
 def step_model_error(profile: Profile, rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """How `profile`'s step model prices recorded steps: {"decode": …, "prefill": …}, each the steps'
-    count, their measured and modelled seconds, and the relative error (modelled / measured − 1). Every
-    step with prefill is priced as an eager one (step_s): a step trace does not say which ran as a graph."""
+    count, their measured and modelled seconds, and the relative error (modelled / measured − 1). A step
+    with prefill that the trace marks `graphed` costs the profile's graphed_step_s where it has one, any
+    other step_s (traces from before the field say nothing: eager)."""
 
     def modelled(r: dict[str, Any]) -> float:
         seconds = profile.decode(r["decode_seqs"], r["decode_context"])
         if r["prefill_tokens"]:
             p = profile.prefill
-            seconds += profile.prefill_step_s + p.a * r["prefill_tokens"] + p.b * r["prefill_pairs"]
+            graphed = r.get("graphed") and profile.graphed_step_s is not None
+            fixed = profile.graphed_step_s if graphed else profile.prefill_step_s
+            seconds += fixed + p.a * r["prefill_tokens"] + p.b * r["prefill_pairs"]
         return seconds
 
     kinds = {

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 
@@ -76,3 +77,23 @@ def test_bad_traces_are_one_line_errors(tmp_path, capsys, content, message):
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     assert not (tmp_path / "p.json").exists()
+
+
+def test_graphed_and_eager_steps_get_their_own_fixed_costs(tmp_path):
+    """With mixed-step graphs (the profile prices them), the simulator's rows say which steps were graphed,
+    as the server's trace does, and the fit gives both fixed costs back."""
+    doc = json.loads(Path(_profile(tmp_path)).read_text())
+    doc["prefill"]["graphed_step_s"] = 0.01
+    path = tmp_path / "graphed.json"
+    path.write_text(json.dumps(doc))
+    shape = dict(turns=4, step=300, out=40, think=0.3)
+    sessions = [growing(f"s{i}", first=1500 + 700 * i, **shape) for i in range(3)]
+    _, engines = run(sessions, "flashstate", ["--max-num-batched-tokens", "4096"], decode_runs=False,
+                     profile=str(path), agents=4)  # fmt: skip
+    rows = [dict(zip(STEP_FIELDS, r, strict=True)) for r in engines[0].step_rows]
+    prefill = [r for r in rows if r["prefill_tokens"]]
+    assert any(r["graphed"] for r in prefill) and not all(r["graphed"] for r in prefill)
+    fit = fit_steps(rows)
+    assert fit["prefill"]["graphed_step_s"] == pytest.approx(0.01, rel=1e-6)
+    assert fit["prefill"]["step_s"] == pytest.approx(MODEL["prefill"]["step_s"], rel=1e-6)
+    assert fit["fit"]["prefill_graphed_steps"] == sum(r["graphed"] for r in prefill)
