@@ -35,6 +35,12 @@ def mixed_decode_sizes(max_decode: int) -> list[int]:
     return [*sizes, max_decode]
 
 
+def decode_shaped(batch: ScheduledBatch) -> bool:
+    """One token per sequence, each sampling, nothing exported: what a decode graph runs (up to its size)."""
+    one_each = all(n == 1 for n in batch.num_tokens)
+    return not batch.exports and one_each and all(map(batch.samples, range(len(batch))))
+
+
 def padded_len(n: int) -> int:
     return -(-n // FLA_CHUNK) * FLA_CHUNK
 

@@ -16,9 +16,9 @@ line, never a start.
 
 from __future__ import annotations
 
-import io
 import logging
 import os
+import shutil
 import tarfile
 import tempfile
 import threading
@@ -90,9 +90,8 @@ class KernelArchive:
                     if target.exists():
                         continue
                     target.parent.mkdir(parents=True, exist_ok=True)
-                    data = tar.extractfile(member).read()
                     with tempfile.NamedTemporaryFile(dir=target.parent, delete=False) as tmp:
-                        tmp.write(data)
+                        shutil.copyfileobj(tar.extractfile(member), tmp)
                     os.replace(tmp.name, target)  # a reader never sees half a kernel
                     written += 1
         except (OSError, tarfile.TarError, EOFError) as e:
@@ -121,17 +120,16 @@ class KernelArchive:
     def _write(self, kept: list[str]) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            buffer = io.BytesIO()
-            with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=6) as tar:
+            with (
+                tempfile.NamedTemporaryFile(dir=self.path.parent, suffix=".part", delete=False) as tmp,
+                tarfile.open(fileobj=tmp, mode="w:gz", compresslevel=6) as tar,
+            ):
                 for name in kept:
-                    path = self.cache_dir / name
                     try:
-                        tar.add(path, arcname=name, recursive=False)
+                        tar.add(self.cache_dir / name, arcname=name, recursive=False)
                     except FileNotFoundError:
                         continue  # removed from the cache since listed
-            with tempfile.NamedTemporaryFile(dir=self.path.parent, suffix=".part", delete=False) as tmp:
-                tmp.write(buffer.getvalue())
-            os.replace(tmp.name, self.path)
+            os.replace(tmp.name, self.path)  # the old archive stays whole until the new one is
             self._archived = set(kept)
             logger.info("kernel cache: %d kernel files written to %s", len(kept), self.path)
         except OSError as e:

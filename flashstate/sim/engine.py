@@ -32,7 +32,7 @@ from flashstate.config import EngineConfig
 from flashstate.engine.output.stop_checker import Finish
 from flashstate.engine.request_state import LENGTH
 from flashstate.engine.scheduler import ScheduledBatch, Scheduler
-from flashstate.engine.step_shapes import MAX_EXPORTS, MixedBuckets
+from flashstate.engine.step_shapes import MAX_EXPORTS, MixedBuckets, decode_shaped
 from flashstate.engine.step_trace import request_row, step_shape
 from flashstate.sampling_params import SamplingParams
 from flashstate.sequence import RequestStats, Sequence
@@ -175,7 +175,8 @@ class SimEngine:
         seconds = step_seconds(batch, self.prefill, self.decode, fixed)
         self.steps += 1
         self.busy_seconds += seconds
-        self._record(self._clock(), seconds, batch, graphed=graphed or self._decode_graphed(batch))
+        decode_graph = not self.config.enforce_eager and decode_shaped(batch)
+        self._record(self._clock(), seconds, batch, graphed=graphed or decode_graph)
         return batch, seconds
 
     def start_decode_run(self, max_seconds: float) -> tuple[int, float] | None:
@@ -221,11 +222,6 @@ class SimEngine:
         self.busy_seconds += seconds
         self._record(self._clock(), seconds, None, b, context, k, graphed=not self.config.enforce_eager)
         return k, seconds
-
-    def _decode_graphed(self, batch: ScheduledBatch) -> bool:
-        """Whether the engine would replay a decode graph for the batch (`ModelRunner.is_decode`, on CUDA)."""
-        one_each = all(n == 1 for n in batch.num_tokens) and all(map(batch.samples, range(len(batch))))
-        return not self.config.enforce_eager and not batch.exports and one_each
 
     def _record(self, start: float, seconds: float, batch: ScheduledBatch | None, decodes: int = 0,
                 context: int = 0, repeat: int = 1, graphed: bool = False) -> None:  # fmt: skip

@@ -140,8 +140,8 @@ def load_profile(name_or_path: str | None = None) -> Profile:
     if not isinstance(model, str) or not model:
         raise ProfileError(f"{where}.model: expected a preset name or a model directory")
     host = _num(memory, "host_bytes", f"{where}.memory", False)
-    prefill = doc.get("prefill") if isinstance(doc.get("prefill"), dict) else {}
-    exports = _num(prefill, "graphed_max_exports", f"{where}.prefill", False)
+    prefill = _prefill(doc.get("prefill"), f"{where}.prefill")  # raises unless doc["prefill"] is an object
+    exports = _num(doc["prefill"], "graphed_max_exports", f"{where}.prefill", False)
     return Profile(
         name=str(doc.get("name") or path.stem),
         device=str(doc.get("device", "")),
@@ -150,7 +150,7 @@ def load_profile(name_or_path: str | None = None) -> Profile:
         cache_bytes=int(_num(memory, "cache_bytes", f"{where}.memory")),
         host_bytes=None if host is None else int(host),
         engine_args=tuple(args),
-        prefill=_prefill(doc.get("prefill"), f"{where}.prefill"),
+        prefill=prefill,
         decode=DecodeModel(
             *(_num(decode, k, f"{where}.decode") for k in ("base_s", "per_seq_s", "per_token_s"))
         ),

@@ -13,7 +13,7 @@ import torch
 from flashstate.cache.cache_tensors import CacheTensors
 from flashstate.device import upload
 from flashstate.engine.scheduler import ScheduledBatch
-from flashstate.engine.step_shapes import MAX_CHUNKS
+from flashstate.engine.step_shapes import MAX_CHUNKS, decode_shaped
 from flashstate.engine.worker.cuda_graph import DecodeGraphs
 from flashstate.engine.worker.decode_inputs import DecodeInputs
 from flashstate.engine.worker.mixed_graphs import MixedGraphs
@@ -197,13 +197,7 @@ class ModelRunner:
 
     def is_decode(self, batch: ScheduledBatch) -> bool:
         """One token per sequence, each sampling, nothing exported: the persistent inputs can run it."""
-        return (
-            self.inputs is not None
-            and not batch.exports
-            and len(batch) <= self.inputs.max_batch
-            and all(n == 1 for n in batch.num_tokens)
-            and all(batch.samples(i) for i in range(len(batch)))
-        )
+        return self.inputs is not None and len(batch) <= self.inputs.max_batch and decode_shaped(batch)
 
     def _decode(self, seqs: list[Sequence]) -> torch.Tensor:
         n = len(seqs)

@@ -197,11 +197,9 @@ def fp8_linear(x: Tensor, weight: Tensor, weight_scale_inv: Tensor, bias: Tensor
     if flat.stride(-1) != 1:
         flat = flat.contiguous()
     w = weight if weight.stride(-1) == 1 else weight.contiguous()
-    m, n = flat.shape[0], weight.shape[0]
-    if cublas.usable(m, n, k, flat.dtype, flat.device):
-        out = cublas_gemm(flat, w, weight_scale_inv.contiguous(), bias)
-    else:
-        out = block_fp8_gemm(flat, w, weight_scale_inv.contiguous(), bias)
+    m, n, ws = flat.shape[0], weight.shape[0], weight_scale_inv.contiguous()
+    gemm = cublas_gemm if cublas.usable(m, n, k, flat.dtype, flat.device) else block_fp8_gemm
+    out = gemm(flat, w, ws, bias)
     return out.view(*x.shape[:-1], n)
 
 
