@@ -69,7 +69,9 @@ def test_another_stack_or_a_broken_archive_costs_a_log_line(tmp_path, caplog):
 
 def test_on_the_cpu_the_flag_is_accepted_and_keeps_nothing(tiny_model_dir, tmp_path):
     assert open_archive(tmp_path, torch.device("cpu")) is None
-    llm = LLM(tiny_model_dir, kernel_cache=str(tmp_path / "kernels"), kv_cache_memory_bytes=64 << 20)
+    llm = LLM(
+        tiny_model_dir, device="cpu", kernel_cache=str(tmp_path / "kernels"), kv_cache_memory_bytes=64 << 20
+    )
     assert llm.generate([[5, 6, 7]])[0].token_ids
     llm.engine.close()
     assert not (tmp_path / "kernels").exists()
