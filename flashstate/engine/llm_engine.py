@@ -604,8 +604,7 @@ class LLMEngine:
             self.compiles.uninstall()
         kernels, self.kernels = getattr(self, "kernels", None), None
         if kernels is not None:  # with the variants compiled while serving, for the next start
-            kernels.wait()
-            kernels.save(background=False)
+            kernels.save()
         if self.tp is not None:
             if hasattr(self, "runner"):  # graphs holding NCCL kernels go before the NCCL group
                 self.runner.release_graphs()

@@ -4,10 +4,10 @@ start on any machine with the same stack loads them instead of compiling (`--ker
 A start on a machine without Triton's cache spends most of its time compiling kernels (benchmarks/RESULTS.md,
 cold start). Triton's own cache is per machine (`~/.triton/cache`); this one travels: the
 engine restores `DIR/<stack>.tar.gz` into Triton's cache before it builds anything, and after its warm-up
-writes the archive back when the warm-up compiled kernels the archive lacked. `<stack>` names what a
-compiled kernel depends on beyond its source — Triton's and torch's versions, the CUDA version and the GPU's
-compute capability — so an archive built elsewhere is used only where it applies; Triton itself keys each
-kernel by its source, so a stale entry misses and compiles as before.
+(before serving) writes the archive back when the warm-up compiled kernels the archive lacked. `<stack>`
+names what a compiled kernel depends on beyond its source — Triton's and torch's versions, the CUDA
+version and the GPU's compute capability — so an archive built elsewhere is used only where it applies;
+Triton itself keys each kernel by its source, so a stale entry misses and compiles as before.
 
 Only each kernel's binary and metadata are kept (`*.cubin`, `*.json`: what Triton loads a cached kernel
 from; the IR text it keeps beside them is dropped). A missing, foreign or unreadable archive costs a log
@@ -21,7 +21,6 @@ import os
 import shutil
 import tarfile
 import tempfile
-import threading
 from pathlib import Path
 
 import torch
@@ -60,7 +59,6 @@ class KernelArchive:
         self.path = Path(directory) / f"{key}.tar.gz"
         self.cache_dir = Path(cache_dir)
         self._archived: set[str] = set()  # the archive's members, as read by restore()
-        self._writer: threading.Thread | None = None
 
     def _kept(self) -> list[str]:
         """Relative paths of the kept kernel files now under the cache dir."""
@@ -100,22 +98,16 @@ class KernelArchive:
         logger.info("kernel cache: %d kernel files restored from %s", written, self.path)
         return written
 
-    def save(self, background: bool = True) -> bool:
+    def save(self) -> bool:
         """Write the archive again when the cache holds kernel files it lacks (written whole, then renamed
-        over the old one); in a thread unless `background` is False. Returns whether a write was started."""
+        over the old one). Returns whether it wrote. Synchronous: the engine calls it before it serves and at
+        close, never while serving (packing thousands of files in a thread held the GIL for seconds and
+        stalled the server's event loop)."""
         kept = self._kept()
         if not kept or set(kept) <= self._archived:
             return False
-        if background:
-            self._writer = threading.Thread(target=self._write, args=(kept,), name="kernels", daemon=True)
-            self._writer.start()
-        else:
-            self._write(kept)
+        self._write(kept)
         return True
-
-    def wait(self) -> None:
-        if self._writer is not None:
-            self._writer.join()
 
     def _write(self, kept: list[str]) -> None:
         try:

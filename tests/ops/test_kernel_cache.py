@@ -27,7 +27,7 @@ def test_the_archive_keeps_binaries_and_metadata_and_restores_them(tmp_path):
     first = tmp_path / "triton-a"
     _fill(first, ["h1/k.cubin", "h1/k.json", "h1/__grp__k.json", "h1/k.ttir", "h1/k.ptx", "h2/m.cubin"])
     archive = KernelArchive(tmp_path / "kernels", KEY, first)
-    assert archive.save(background=False)
+    assert archive.save()
     with tarfile.open(archive.path) as tar:
         assert sorted(tar.getnames()) == ["h1/__grp__k.json", "h1/k.cubin", "h1/k.json", "h2/m.cubin"]
 
@@ -37,9 +37,9 @@ def test_the_archive_keeps_binaries_and_metadata_and_restores_them(tmp_path):
     assert (second / "h1/k.cubin").read_bytes() == b"h1/k.cubin" * 3
     assert not (second / "h1/k.ttir").exists()
     assert again.restore() == 0  # present already
-    assert not again.save(background=False)  # nothing new: the archive stays as it is
+    assert not again.save()  # nothing new: the archive stays as it is
     _fill(second, ["h3/new.cubin"])
-    assert again.save(background=False)
+    assert again.save()
     with tarfile.open(again.path) as tar:
         assert "h3/new.cubin" in tar.getnames()
 
@@ -47,7 +47,7 @@ def test_the_archive_keeps_binaries_and_metadata_and_restores_them(tmp_path):
 def test_another_stack_or_a_broken_archive_costs_a_log_line(tmp_path, caplog):
     cache = tmp_path / "triton"
     _fill(cache, ["h/k.cubin"])
-    KernelArchive(tmp_path / "kernels", KEY, cache).save(background=False)
+    KernelArchive(tmp_path / "kernels", KEY, cache).save()
     assert KernelArchive(tmp_path / "kernels", "triton9-torch9-cuda9-sm100", tmp_path / "t2").restore() == 0
 
     (tmp_path / "kernels" / f"{KEY}.tar.gz").write_bytes(b"not a tarball")
