@@ -132,6 +132,11 @@ class SimEngine:
         self._requests: dict[int, SimRequest] = {}  # by id(seq)
         self.busy = False  # a step is in flight
         self.decode_runs = True  # start_decode_run may fold pure decode steps (off: step by step)
+        # The engine's async scheduling: while a pure decode step runs, the step after it is already
+        # launched when nothing waiting could be admitted at its start (LLMEngine._next_decode). A request
+        # arriving meanwhile waits for that next step too. True: the step starting next is such a step.
+        self.pipelines = config.async_scheduling and not config.enforce_eager
+        self._launched_ahead = False
         self.steps = 0
         self.busy_seconds = 0.0
         # `--step-trace`'s fields, in the order of bench.step_summary.STEP_FIELDS, and its request lines
@@ -166,10 +171,21 @@ class SimEngine:
 
     def start_step(self) -> tuple[ScheduledBatch, float] | None:
         """Schedule a batch; its modelled duration. None when nothing can run."""
-        batch = self.scheduler.schedule()
+        sched = self.scheduler
+        if self._launched_ahead:  # decided at the previous step's start: its running set decodes
+            self._launched_ahead = False
+            held = list(sched.waiting)
+            sched.waiting.clear()
+            try:
+                batch = sched.schedule()
+            finally:
+                sched.waiting.extend(held)
+        else:
+            batch = sched.schedule()
         if not batch.seqs:
             return None
         self.busy = True
+        self._launched_ahead = self.pipelines and decode_shaped(batch) and self._next_launches_ahead(batch)
         graphed = self.buckets is not None and self.buckets.bucket(batch) is not None
         fixed = self.graphed_step_s if graphed else self.prefill_step_s
         seconds = step_seconds(batch, self.prefill, self.decode, fixed)
@@ -178,6 +194,17 @@ class SimEngine:
         decode_graph = not self.config.enforce_eager and decode_shaped(batch)
         self._record(self._clock(), seconds, batch, graphed=graphed or decode_graph)
         return batch, seconds
+
+    def _next_launches_ahead(self, batch: ScheduledBatch) -> bool:
+        """Whether the engine launches the step after the decode `batch` before reading it: nothing waiting
+        could be admitted, no restore has landed, every running sequence is in `batch` and one goes on."""
+        sched = self.scheduler
+        admits = bool(sched.waiting) and len(sched.running) < sched.max_num_seqs
+        if admits and sched.admission is not None:
+            admits = not sched.admission_blocked()
+        if admits or sched.restore_ready() or sched.isolating or len(batch.seqs) != len(sched.running):
+            return False
+        return any(len(s.token_ids) - s.num_prompt_tokens + 1 < s.params.max_tokens for s in batch.seqs)
 
     def start_decode_run(self, max_seconds: float) -> tuple[int, float] | None:
         """Run k > 1 pure decode steps at once when they are exactly what k `start_step`s would do: nothing
@@ -218,6 +245,8 @@ class SimEngine:
             return None
         sched.run_decodes(k, lambda seq: self._requests[id(seq)].rng.randrange(self._max_token_id))
         self.busy = True
+        # nothing waiting fits: the step after the run's last was launched during it
+        self._launched_ahead = self.pipelines
         self.steps += k
         self.busy_seconds += seconds
         self._record(self._clock(), seconds, None, b, context, k, graphed=not self.config.enforce_eager)
