@@ -49,4 +49,12 @@ def add_fit_profile_parser(sub: argparse._SubParsersAction) -> None:
         "--base", default=None, help="profile for memory and engine flags (default: the H200 one)"
     )
     fit.add_argument("--name", default=None, help="the new profile's name (default: the output file's stem)")
+    fit.add_argument(
+        "--results",
+        nargs="+",
+        default=None,
+        metavar="RESULT",
+        help="the same runs' bench results (result-*.json), one per trace in order: fits the request "
+        "overhead outside the engine (default: --base's)",
+    )
     fit.add_argument("--out", required=True, help="profile file to write (JSON)")

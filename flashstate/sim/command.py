@@ -29,7 +29,7 @@ from flashstate.bench.step_summary import STEP_FIELDS, summarize
 from flashstate.config import EngineConfig
 from flashstate.sim.engine import SimEngine
 from flashstate.sim.events import EventLoop
-from flashstate.sim.fit import fitted_profile, read_steps
+from flashstate.sim.fit import fit_request_overhead, fitted_profile, read_request_lines, read_steps
 from flashstate.sim.profile import Profile, load_profile
 from flashstate.sim.replay import SimReplay
 from flashstate.spec.hf_config import spec_of
@@ -81,7 +81,7 @@ def simulate(
         replay = replace(replay, max_context=engines[0].max_model_len)
     source = SessionSource(sessions, replay.seed, replay.max_sessions)
     t0 = time.process_time()
-    run = SimReplay(replay, engines, loop, source).run()
+    run = SimReplay(replay, engines, loop, source, profile.request_overhead).run()
     run.model = model or profile.model
     facts = profile.describe() | {
         "cache_plan": engines[0].plan.describe(),
@@ -165,7 +165,18 @@ def run_fit_profile(args: argparse.Namespace) -> int:
         base = load_profile(args.base)
         traces = [Path(t) for t in args.traces]
         out = Path(args.out)
-        doc = fitted_profile(base, read_steps(traces), args.name or out.stem, [t.name for t in traces])
+        overhead = None
+        if args.results:
+            if len(args.results) != len(traces):
+                raise ValueError("--results: one bench result per step trace, in the same order")
+            server, client = [], []
+            for trace, result in zip(traces, args.results, strict=True):
+                server += read_request_lines(trace)
+                client += json.loads(Path(result).read_text())["requests"]
+            overhead = fit_request_overhead(server, client)
+        doc = fitted_profile(
+            base, read_steps(traces), args.name or out.stem, [t.name for t in traces], overhead
+        )
         out.write_text(json.dumps(doc, indent=1) + "\n")
         load_profile(str(out))  # what was written loads
     except (ValueError, OSError) as e:
@@ -177,5 +188,7 @@ def run_fit_profile(args: argparse.Namespace) -> int:
         f"{1e9 * d['per_token_s']:.3f} ns/context token; C(n) = {p['a']:.3e}·n + {p['b']:.3e}·n² s, "
         f"{1e3 * p['step_s']:.1f} ms per step with prefill"
         + (f" ({1e3 * p['graphed_step_s']:.1f} ms graphed)" if "graphed_step_s" in p else "")
+        + f"; request overhead {1e3 * doc['request']['overhead_s']:.1f} ms + "
+        f"{1e9 * doc['request']['overhead_per_token_s']:.0f} ns/prompt token"
     )
     return 0

@@ -8,6 +8,12 @@ decoding rows: a chunk of n tokens resuming at depth p costs a·n + b·((p + n)�
 step and, where the trace marks some steps `graphed` (replayed as a mixed-step CUDA graph) and not others,
 graphed_step_s for those. Least squares with non-negative coefficients (a term whose weight would go
 negative is dropped and the rest refitted).
+
+A request's overhead outside the engine (profile "request") is fitted from the same runs' bench results:
+each client record is paired with the server's request line of the same prompt and cached length (pairs
+unique on both sides), and the client's TTFT less the server's (arrival to first token) is fitted as
+overhead_s + overhead_per_token_s · prompt tokens, leaving out the slowest 5% (stalls: a compile, a
+collection), which the model does not stand for.
 """
 
 from __future__ import annotations
@@ -24,16 +30,56 @@ from flashstate.sim.profile import PROFILE_SCHEMA, Profile
 NEEDED = ("ms", "prefill_tokens", "decode_seqs", "prefill_pairs", "decode_context")
 
 
+def _lines(path: Path) -> list[str]:
+    try:
+        text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    except OSError as e:
+        raise ValueError(f"{path}: {e.strerror}") from None
+    return text.splitlines()
+
+
+def read_request_lines(path: Path) -> list[dict[str, Any]]:
+    """The request lines of a step trace (those with a first token)."""
+    rows = (json.loads(line) for line in _lines(path) if '"request"' in line)
+    return [r for r in rows if "request" in r and r.get("first_token") is not None]
+
+
+OVERHEAD_KEPT = 0.95  # the share of paired requests the overhead fit keeps (the fastest)
+
+
+def fit_request_overhead(server: list[dict[str, Any]], client: list[dict[str, Any]]) -> dict[str, Any]:
+    """{"overhead_s", "overhead_per_token_s", "pairs"} from a run's server request lines and its bench
+    result's request records (module docstring); ValueError when fewer than 20 pair up."""
+
+    def key(r: dict[str, Any]) -> tuple[int, int]:
+        return r["prompt_tokens"], r["cached_tokens"]
+
+    client = [r for r in client if r.get("error") is None and r.get("ttft") is not None]
+    by_key: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for r in server:
+        by_key.setdefault(key(r), []).append(r)
+    counts: dict[tuple[int, int], int] = {}
+    for r in client:
+        counts[key(r)] = counts.get(key(r), 0) + 1
+    pairs = [
+        (r["prompt_tokens"], r["ttft"] - (by_key[key(r)][0]["first_token"] - by_key[key(r)][0]["arrival"]))
+        for r in client
+        if counts[key(r)] == 1 and len(by_key.get(key(r), ())) == 1
+    ]
+    if len(pairs) < 20:
+        raise ValueError(f"only {len(pairs)} requests pair up between the traces and the results")
+    tokens, extra = np.array(pairs, dtype=float).T
+    kept = extra <= np.quantile(extra, OVERHEAD_KEPT)
+    x = np.stack([np.ones(int(kept.sum())), tokens[kept]], axis=1)
+    base, per_token = _nonneg_lstsq(x, extra[kept])
+    return {"overhead_s": float(base), "overhead_per_token_s": float(per_token), "pairs": len(pairs)}
+
+
 def read_steps(paths: list[Path]) -> list[dict[str, Any]]:
     """The rows of step trace files; ValueError naming the file when one is unreadable or too old."""
     rows = []
     for path in paths:
-        try:
-            text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
-            lines = text.splitlines()
-        except OSError as e:
-            raise ValueError(f"{path}: {e.strerror}") from None
-        for i, line in enumerate(lines, 1):
+        for i, line in enumerate(_lines(path), 1):
             if not line.strip():
                 continue
             try:
@@ -116,11 +162,23 @@ def fit_steps(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def fitted_profile(
-    base: Profile, rows: list[dict[str, Any]], name: str, sources: list[str]
+    base: Profile,
+    rows: list[dict[str, Any]],
+    name: str,
+    sources: list[str],
+    overhead: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """`base`'s memory and engine flags with the step model fitted from `rows`: a profile document."""
+    """`base`'s memory and engine flags with the step model fitted from `rows` (and the request overhead
+    `overhead` from fit_request_overhead, else base's): a profile document."""
     fit = fit_steps(rows)
     quality = fit["fit"]
+    if overhead is None:
+        o = base.request_overhead
+        request = {"overhead_s": o.base_s, "overhead_per_token_s": o.per_token_s}
+        said = f"profile {base.name}"
+    else:
+        request = {k: overhead[k] for k in ("overhead_s", "overhead_per_token_s")}
+        said = f"{overhead['pairs']} requests paired with their bench results"
     return {
         "schema": PROFILE_SCHEMA,
         "name": name,
@@ -131,11 +189,12 @@ def fitted_profile(
         "engine_args": list(base.engine_args),
         "prefill": fit["prefill"],
         "decode": fit["decode"],
+        "request": request,
         "provenance": (
             f"fitted by `flashstate fit-profile` from {quality['decode_steps']} pure-decode steps "
             f"(R2 {quality['decode_r2']:.2f}) and {quality['prefill_steps']} steps with prefill, "
             f"{quality['prefill_graphed_steps']} of them graphed (R2 {quality['prefill_r2']:.2f}) of "
-            f"{', '.join(sources)}; memory and engine flags from profile "
+            f"{', '.join(sources)}; request overhead from {said}; memory and engine flags from profile "
             f"{base.name}"
         ),
     }

@@ -14,6 +14,10 @@
                 an engine whose buckets took no step that exported),
      "decode": {"base_s", "per_seq_s", "per_token_s"}   one decode step of B sequences holding T context
                 tokens in all: base_s + per_seq_s·B + per_token_s·T,
+     "request": {"overhead_s", "overhead_per_token_s"}   (optional, 0) the time a request spends outside
+                the engine between the client's send and its first token (HTTP, the prompt's JSON, the
+                server's event loop): overhead_s + overhead_per_token_s · prompt tokens; the simulated
+                request reaches its engine that long after it is sent,
      "provenance": where the numbers come from}
 
 A step of the engine takes the prefill time of its chunks (a chunk of n tokens resuming at depth p costs
@@ -53,6 +57,15 @@ class DecodeModel:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestOverhead:
+    base_s: float = 0.0
+    per_token_s: float = 0.0
+
+    def __call__(self, prompt_tokens: int) -> float:
+        return self.base_s + self.per_token_s * prompt_tokens
+
+
+@dataclass(frozen=True, slots=True)
 class Profile:
     name: str
     device: str
@@ -68,6 +81,7 @@ class Profile:
     prefill_step_s: float = 0.0
     graphed_step_s: float | None = None  # None: graphed mixed steps not measured for this profile
     graphed_max_exports: int = MAX_EXPORTS
+    request_overhead: RequestOverhead = RequestOverhead()
 
     def serve_args(self) -> list[str]:
         """The engine flags this profile stands for (later flags override them)."""
@@ -88,6 +102,10 @@ class Profile:
                 "base_s": self.decode.base_s,
                 "per_seq_s": self.decode.per_seq_s,
                 "per_token_s": self.decode.per_token_s,
+            },
+            "request_overhead": {
+                "base_s": self.request_overhead.base_s,
+                "per_token_s": self.request_overhead.per_token_s,
             },
             "provenance": self.provenance,
         }
@@ -142,6 +160,12 @@ def load_profile(name_or_path: str | None = None) -> Profile:
     host = _num(memory, "host_bytes", f"{where}.memory", False)
     prefill = _prefill(doc.get("prefill"), f"{where}.prefill")  # raises unless doc["prefill"] is an object
     exports = _num(doc["prefill"], "graphed_max_exports", f"{where}.prefill", False)
+    request = doc.get("request") or {}
+    if not isinstance(request, dict):
+        raise ProfileError(f"{where}.request: expected an object")
+    overhead = RequestOverhead(
+        *(_num(request, k, f"{where}.request", False) or 0.0 for k in ("overhead_s", "overhead_per_token_s"))
+    )
     return Profile(
         name=str(doc.get("name") or path.stem),
         device=str(doc.get("device", "")),
@@ -159,4 +183,5 @@ def load_profile(name_or_path: str | None = None) -> Profile:
         prefill_step_s=_num(doc["prefill"], "step_s", f"{where}.prefill", False) or 0.0,
         graphed_step_s=_num(doc["prefill"], "graphed_step_s", f"{where}.prefill", False),
         graphed_max_exports=MAX_EXPORTS if exports is None else int(exports),
+        request_overhead=overhead,
     )

@@ -2,7 +2,8 @@
 think times, window, drain and records, against SimEngines instead of a server.
 
 Differences from a measured run, by construction:
-  - TTFT and e2e are engine times (queue + steps); no network, tokenizer or HTTP overhead;
+  - TTFT and e2e are engine times (queue + steps) plus the profile's request overhead (HTTP, the
+    prompt's JSON, the server's event loop), by which a request reaches its engine after it is sent;
   - chat mode sends token prompts with checkpoint hints at segment ends (no chat template tokens);
   - several engines: a top-level session and its sub-agents go to one engine (session affinity, by a
     stable hash of the draw-unique session id).
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -63,9 +64,15 @@ def route(sid: str, num_engines: int) -> int:
 
 class SimReplay:
     def __init__(
-        self, config: ReplayConfig, engines: list[SimEngine], loop: EventLoop, source: SessionSource
+        self,
+        config: ReplayConfig,
+        engines: list[SimEngine],
+        loop: EventLoop,
+        source: SessionSource,
+        overhead: Callable[[int], float] | None = None,
     ):
         self.config = config
+        self.overhead = overhead  # prompt tokens → seconds from send to the engine (None: none)
         self.engines = engines
         self.loop = loop
         self.source = source
@@ -192,23 +199,31 @@ class SimReplay:
             record(now, seq, None, False)
             self.loop.resume(proc, _Done(seq.output_token_ids))
 
-        try:
-            seq = self.engines[e].add(
-                f"{sid}:{turn}",
-                prompt,
-                max_tokens,
-                seed=_stable_seed(cfg.seed, sid, turn),
-                on_first_token=first.append,
-                on_finish=finished,
-                hint_positions=hints,
-            )
-        except RequestTooLargeError as err:
-            record(None, None, f"400: {err}", True)
-            self.loop.at(self.loop.now, lambda: self.loop.resume(proc, _Done([], too_long=True)))
-            return
-        holder.append(seq)
-        self._inflight += 1
-        self._kick(e)
+        def arrive() -> None:
+            try:
+                seq = self.engines[e].add(
+                    f"{sid}:{turn}",
+                    prompt,
+                    max_tokens,
+                    seed=_stable_seed(cfg.seed, sid, turn),
+                    on_first_token=first.append,
+                    on_finish=finished,
+                    hint_positions=hints,
+                )
+            except RequestTooLargeError as err:
+                self._inflight -= 1
+                record(None, None, f"400: {err}", True)
+                self.loop.at(self.loop.now, lambda: self.loop.resume(proc, _Done([], too_long=True)))
+                return
+            holder.append(seq)
+            self._kick(e)
+
+        self._inflight += 1  # from its send: one on its way to the engine counts
+        delay = self.overhead(len(prompt)) if self.overhead is not None else 0.0
+        if delay > 0:
+            self.loop.at(self.loop.now + delay, arrive)
+        else:
+            arrive()
 
     def _session(
         self,

@@ -30,7 +30,8 @@ def run(
     for e in engines:
         e.decode_runs = decode_runs
     cfg = replace(cfg, max_context=engines[0].max_model_len)
-    result = SimReplay(cfg, engines, loop, SessionSource(sessions, cfg.seed, cfg.max_sessions)).run()
+    source = SessionSource(sessions, cfg.seed, cfg.max_sessions)
+    result = SimReplay(cfg, engines, loop, source, profile.request_overhead).run()
     return result, engines
 
 

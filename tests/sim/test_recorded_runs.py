@@ -1,5 +1,7 @@
-"""The simulator against recorded H200 runs (benchmarks/results/gpu-overload-2026-12-02: 96 agents, the
-qwen3-next-2b preset, a budget of half their working set, flashstate then vllm, 2026-12-02).
+"""The simulator against recorded H200 runs (96 agents, the qwen3-next-2b preset, a budget of half their
+working set): benchmarks/results/gpu-overload-2026-12-02 (flashstate then vllm, before the cold reserve)
+and gpu-overload-2026-12-03 (flashstate with the cold reserve and mixed-step graphs that take exporting
+steps, against the profile fitted from its steps, with the request overhead fitted from the earlier runs).
 
 Two levels: the served profile's step model prices the runs' recorded steps (`--step-trace`) within 15% of
 their measured time; and (where the Claude-Code traces are at hand) the simulator replaying the same
@@ -15,8 +17,11 @@ from flashstate.cli import main
 from flashstate.sim.fit import read_steps, step_model_error
 from flashstate.sim.profile import load_profile
 
-RUN = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu-overload-2026-12-02"
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+RUN = RESULTS / "gpu-overload-2026-12-02"
 PROFILE = "h200-qwen3-next-2b-served"
+GRAPHED_RUN = RESULTS / "gpu-overload-2026-12-03"
+GRAPHED_PROFILE = "h200-qwen3-next-2b-graphed"
 STALL_MS = 1000  # steps that compiled a Triton kernel variant inside the step (the server log names them)
 TOLERANCE = 0.15
 ENGINE_FLAGS = ("--max-num-seqs", "--max-num-batched-tokens", "--kv-cache-memory-bytes")
@@ -34,17 +39,13 @@ def test_the_profile_prices_the_recorded_steps_within_15_percent(policy, stalls)
     assert error["prefill"]["steps"] > 800
 
 
-@pytest.fixture(scope="module")
-def simulated(traces, tmp_path_factory):
-    out = tmp_path_factory.mktemp("sim")
-    result = json.loads((RUN / "result-vllm.json").read_text())
+def _simulate(run: Path, profile: str, policies: str, out: Path, extra: tuple[str, ...], traces) -> Path:
+    """The simulator on a recorded run's workload and engine flags (as its command line recorded them)."""
+    result = json.loads(next(run.glob("result-*.json")).read_text())
     r, command = result["replay"], result["server"]["command"]
-    # the engine flags the servers ran with (the policy aside), as the command line recorded them
-    flags = [f"{k} {command[command.index(k) + 1]}" for k in ENGINE_FLAGS]
-    # the servers predate the cold reserve of memory admission: 0 (the cache reserve alone) is what they ran
-    flags.append("--admission-cold-reserve 0")
+    flags = [f"{k} {command[command.index(k) + 1]}" for k in ENGINE_FLAGS] + list(extra)
     rc = main([
-        "simulate", "--profile", PROFILE, "--workload", str(traces), "--policies", "flashstate,vllm",
+        "simulate", "--profile", profile, "--workload", str(traces), "--policies", policies,
         "--serve-args", " ".join(flags), "--seed", str(r["seed"]), "--agents", str(r["agents"]),
         "--warmup", str(r["warmup_s"]), "--duration", str(r["duration_s"]), "--drain", str(r["drain_s"]),
         "--length-scale", str(r["length_scale"]), "--max-context", str(r["max_context"]),
@@ -53,6 +54,13 @@ def simulated(traces, tmp_path_factory):
     ])  # fmt: skip
     assert rc == 0
     return out
+
+
+@pytest.fixture(scope="module")
+def simulated(traces, tmp_path_factory):
+    # the servers predate the cold reserve of memory admission: 0 (the cache reserve alone) is what they ran
+    out = tmp_path_factory.mktemp("sim")
+    return _simulate(RUN, PROFILE, "flashstate,vllm", out, ("--admission-cold-reserve 0",), traces)
 
 
 @pytest.mark.parametrize("policy", ["flashstate", "vllm"])
@@ -69,5 +77,28 @@ def test_the_simulator_reproduces_the_recorded_run(simulated, policy):
         # its run carried 22 s of in-step compiles (the first server on a bare machine), which the
         # simulator does not model: its TTFT p90 is 26% above the simulated one (RESULTS.md)
         del metrics["TTFT p90"]
+    for name, pick in metrics.items():
+        assert abs(pick(got) / pick(want) - 1) <= TOLERANCE, (name, pick(got), pick(want))
+
+
+def test_the_graphed_profile_prices_its_runs_steps_within_15_percent():
+    rows = read_steps([GRAPHED_RUN / "steps-flashstate.jsonl.gz"])
+    assert sum(r["graphed"] for r in rows if r["prefill_tokens"]) > 500  # exporting steps ran graphed
+    for kind, e in step_model_error(load_profile(GRAPHED_PROFILE), rows).items():
+        assert abs(e["error"]) <= TOLERANCE, (kind, e)
+
+
+def test_the_simulator_reproduces_the_run_with_the_cold_reserve_and_exporting_graphs(traces, tmp_path):
+    out = _simulate(GRAPHED_RUN, GRAPHED_PROFILE, "flashstate", tmp_path, (), traces)
+    got = json.loads((out / "result-flashstate.json").read_text())["summary"]
+    want = json.loads((GRAPHED_RUN / "result-flashstate.json").read_text())["summary"]
+    assert abs(got["token_hit_rate"] - want["token_hit_rate"]) <= 0.05
+    metrics = {
+        "TTFT p50": lambda s: s["ttft_s"]["p50"],
+        "output TPM": lambda s: s["output_tpm"],
+        "uncached p50": lambda s: s["uncached_tokens_per_request"]["p50"],
+    }
+    # TTFT p90 is left out: on the card it sits where the 9% cold requests begin (p88 0.30 s, p92 16 s),
+    # so a point of cold share moves it by half (simulated 8%: -25%; RESULTS.md)
     for name, pick in metrics.items():
         assert abs(pick(got) / pick(want) - 1) <= TOLERANCE, (name, pick(got), pick(want))

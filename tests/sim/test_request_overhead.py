@@ -1,0 +1,56 @@
+"""A request's time outside the engine (HTTP, the prompt's JSON, the server's event loop): the profile's
+`request` overhead delays its arrival at the simulated engine, and `fit-profile --results` fits it from a
+run's client records paired with its server's request lines."""
+
+import json
+import random
+
+import pytest
+
+from flashstate.sim.fit import fit_request_overhead
+from flashstate.sim.profile import PROFILES_DIR, load_profile
+
+from .helpers import growing, run
+
+
+def _profile_with_overhead(tmp_path, base_s: float, per_token_s: float) -> str:
+    doc = json.loads((PROFILES_DIR / "h200-qwen3-next-2b-served.json").read_text())
+    doc["request"] = {"overhead_s": base_s, "overhead_per_token_s": per_token_s}
+    path = tmp_path / "with-overhead.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def test_a_lone_requests_ttft_grows_by_the_profiles_overhead(tmp_path):
+    path = _profile_with_overhead(tmp_path, 0.02, 1e-6)
+    assert load_profile(path).request_overhead(1000) == pytest.approx(0.021)
+    session = [growing("s", 1, first=1000, step=0)]
+    flags = ["--kv-cache-memory-bytes", "4G"]
+    plain, _ = run(session, "flashstate", flags, profile="h200-qwen3-next-2b-served")
+    slow, _ = run(session, "flashstate", flags, profile=path)
+    (a,), (b,) = plain.requests, slow.requests
+    assert b.prompt_tokens == a.prompt_tokens == 1000
+    assert b.ttft - a.ttft == pytest.approx(0.02 + 1e-6 * 1000)
+    assert b.e2e - a.e2e == pytest.approx(0.02 + 1e-6 * 1000)
+
+
+def test_the_fit_recovers_the_overhead_from_paired_records():
+    rng = random.Random(0)
+    server, client = [], []
+    for i in range(200):
+        prompt, cached = 1000 + 97 * i, 13 * i  # unique pairs on both sides
+        engine_ttft = rng.uniform(0.01, 0.5)
+        extra = 0.015 + 2e-7 * prompt + rng.uniform(-1e-4, 1e-4)
+        if i % 50 == 0:
+            extra += 3.0  # a stall, left out of the fit
+        server.append({"prompt_tokens": prompt, "cached_tokens": cached, "arrival": 5.0,
+                       "first_token": 5.0 + engine_ttft})  # fmt: skip
+        client.append({"prompt_tokens": prompt, "cached_tokens": cached, "ttft": engine_ttft + extra,
+                       "error": None})  # fmt: skip
+    client.append(dict(client[0]))  # a duplicate pair: ambiguous, both left out
+    fit = fit_request_overhead(server, client)
+    assert fit["pairs"] == 199
+    assert fit["overhead_s"] == pytest.approx(0.015, abs=5e-4)
+    assert fit["overhead_per_token_s"] == pytest.approx(2e-7, rel=0.05)
+    with pytest.raises(ValueError, match="pair up"):
+        fit_request_overhead(server[:5], client[:5])
