@@ -43,6 +43,9 @@ from flashstate.sim.working_set import working_set
 from flashstate.spec.hf_config import spec_of
 
 POLICIES = ("flashstate", "vllm", "sglang", "none")
+# a variant: its cache policy and serve flags (--host-cache-bytes sets the host tier's size)
+VARIANTS = {"flashstate-host": ("flashstate", ["--host-cache", "memory"])}
+NAMES = (*POLICIES, *VARIANTS)
 TRACES = os.environ.get("FLASHSTATE_TRACES", "/work/shared/traces/claude-code")
 
 
@@ -63,7 +66,10 @@ def one_run(job: dict[str, Any]) -> dict[str, Any]:
     flags = ["--kv-cache-memory-bytes", str(int(job["budget"]) // gpus)]
     if job.get("max_num_seqs"):
         flags += ["--max-num-seqs", str(job["max_num_seqs"])]
-    config = engine_config(profile, flags + list(job.get("serve_args", [])), job["policy"])
+    policy, variant_flags = VARIANTS.get(job["policy"], (job["policy"], []))
+    if variant_flags:
+        variant_flags = [*variant_flags, "--host-cache-bytes", str(job["host_cache_bytes"])]
+    config = engine_config(profile, flags + variant_flags + list(job.get("serve_args", [])), policy)
     scale = job.get("scale", FULL_LENGTH)
     replay = ReplayConfig(
         base_url=f"sim://{profile.name}",
@@ -149,7 +155,7 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
         agents = sorted({r["agents"] for r in rows})
         fig, axes = plt.subplots(1, len(agents), figsize=(5 * len(agents), 3.8), squeeze=False)
         for ax, n in zip(axes[0], agents, strict=True):
-            for policy in POLICIES:
+            for policy in NAMES:
                 pts = sorted(
                     (r["fraction"], r[metric]) for r in rows if r["agents"] == n and r["policy"] == policy
                 )
@@ -177,7 +183,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         "| p90 TTFT (s) | requests | output TPM | completed agents | CPU s |",
         "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in sorted(rows, key=lambda r: (r["agents"], r["fraction"], POLICIES.index(r["policy"]))):
+    for r in sorted(rows, key=lambda r: (r["agents"], r["fraction"], NAMES.index(r["policy"]))):
         hit = "–" if r["hit_rate"] is None else f"{r['hit_rate']:.1%}"
         p50 = "–" if r["ttft_p50"] is None else f"{r['ttft_p50']:.3g}"
         p90 = "–" if r["ttft_p90"] is None else f"{r['ttft_p90']:.3g}"
@@ -210,7 +216,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--agents", type=int, nargs="+", default=[48, 256])
     p.add_argument("--fractions", type=float, nargs="+", default=[0.25, 0.5, 1.0, 2.0])
-    p.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
+    p.add_argument("--policies", nargs="+", default=list(POLICIES), choices=NAMES)
+    p.add_argument("--host-cache-bytes", default="64G", help="flashstate-host's host tier")
     p.add_argument("--profile", default=None)
     p.add_argument("--warmup", type=float, default=1800.0, help="simulated seconds before the window")
     p.add_argument("--duration", type=float, default=7200.0, help="simulated seconds measured")
@@ -257,6 +264,7 @@ def main() -> int:
                         "budget": int(f * w),
                         "working_set": w,
                         "policy": policy,
+                        "host_cache_bytes": args.host_cache_bytes,
                         "profile": args.profile,
                         "warmup": args.warmup,
                         "duration": args.duration,
