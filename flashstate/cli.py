@@ -189,6 +189,8 @@ def _calibrate(config: EngineConfig, max_tokens: int | None) -> int:
     print("| tokens | measured (s) | fit (s) |\n|---|---|---|")
     for n, t in zip(detail["lengths"], detail["seconds"], strict=True):
         print(f"| {n} | {t:.4f} | {cost(n):.4f} |")
+    if detail.get("launch_bound"):
+        print(f"left out of the fit, launch-bound (as long as the shortest): {detail['launch_bound']} tokens")
     where = calibration.device_name(engine.device)
     if not saved:
         print(f"calibration rejected ({detail.get('rejected', cost.kind)}): nothing saved; run it when idle")

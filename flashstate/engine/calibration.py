@@ -6,7 +6,10 @@ A fit from a busy machine would be kept forever, so a measurement is judged befo
 each length is timed several times and the repeats must agree (the slowest within MAX_SPREAD of the
 fastest), the times must grow with the length, the fit must explain them (R² ≥ MIN_R2), and neither
 coefficient may sit at its clamp (a = 0 or b = 0: every token costs something, and attention's cost grows
-with the length). A rejected measurement is retried up to MAX_ATTEMPTS times in all; then the default cost
+with the length). Where the shortest lengths all take about as long as the shortest (within FLAT of it: a
+fast GPU launching kernels rather than computing, the eager forward's host work), the fit starts at the
+last of them: those times say nothing of the per-token cost. A rejected measurement is retried up to
+MAX_ATTEMPTS times in all; then the default cost
 is used, nothing is cached on disk (the process itself does not measure again), and the log says why.
 A cached fit is used only on the hardware it was measured on (`hardware`: device, core count, torch and
 CUDA versions, ...); elsewhere it is measured again.
@@ -39,6 +42,8 @@ REPEATS = 3  # timed runs per length (after one warm-up run)
 MAX_ATTEMPTS = 3  # measurements before falling back to the default cost
 MAX_SPREAD = 0.5  # (slowest − fastest) / fastest repeat of one length
 MIN_R2 = 0.98
+FLAT = 0.5  # a length whose median time is within this of the shortest's is launch-bound
+MIN_FITTED = 3  # lengths a fit keeps, launch-bound or not
 
 
 def default_cache_dir() -> Path:
@@ -128,6 +133,15 @@ def judge(lengths: list[int], runs: list[list[float]], cost: PrefillCost) -> str
 Measure = Callable[[int], list[float]]  # a length → its repeated times in seconds
 
 
+def compute_bound_from(seconds: list[float]) -> int:
+    """Index of the first length to fit: the last of the leading lengths whose median time is within FLAT of
+    the shortest's (0 when the next length already takes longer than that), leaving MIN_FITTED lengths."""
+    first, k = seconds[0], 0
+    while k + 1 < len(seconds) and first > 0 and abs(seconds[k + 1] / first - 1) <= FLAT:
+        k += 1
+    return max(min(k, len(seconds) - MIN_FITTED), 0)
+
+
 def calibrate(
     model: HybridForCausalLM,
     caches: CacheTensors,
@@ -150,15 +164,18 @@ def calibrate(
     rejections: list[str] = []
     for _ in range(max(attempts, 1)):
         runs = [measure(n) for n in lengths]
+        k = compute_bound_from([statistics.median(t) for t in runs])
+        fitted, runs = lengths[k:], runs[k:]
         seconds = [statistics.median(t) for t in runs]
-        cost = PrefillCost.fit(lengths, seconds, "measured")
+        cost = PrefillCost.fit(fitted, seconds, "measured")
         detail = {
-            "lengths": lengths,
+            "lengths": fitted,
+            "launch_bound": lengths[:k],
             "seconds": seconds,
             "runs": runs,
-            "r2": r_squared(lengths, seconds, cost),
+            "r2": r_squared(fitted, seconds, cost),
         }
-        reason = judge(lengths, runs, cost)
+        reason = judge(fitted, runs, cost)
         if reason is None:
             return cost, {**detail, "rejections": rejections}
         rejections.append(reason)

@@ -184,3 +184,23 @@ def test_calibration_lengths_reach_the_longest_prefill():
     assert calibration_lengths(1024) == [128, 256, 512, 1024]
     assert calibration_lengths(40000)[-2:] == [32768, 40000] and len(calibration_lengths(40000)) == 7
     assert calibration_lengths(100) == [50, 100]
+
+
+def test_on_a_fast_gpu_the_launch_bound_short_lengths_are_left_out_of_the_fit():
+    """The H200's 2B preset: every prefill up to ~8k tokens takes the eager forward's ~40 ms of host work,
+    which rejected all three attempts ("1024 tokens took no longer than 512") on every start."""
+    a, b = 3.6e-6, 1.05e-10
+    lengths = calibration_lengths(32768)
+
+    def gpu(n: int) -> list[float]:
+        t = max(0.04, a * n + b * n * n)
+        return [t, 1.01 * t, 0.995 * t]
+
+    cost, detail = calibrate(None, None, 16, 8192, 32768, None, measure=gpu)
+    assert cost.kind == "measured" and detail["rejections"] == []
+    assert detail["launch_bound"] == [512, 1024, 2048, 4096] and detail["lengths"] == [8192, 16384, 32768]
+    assert cost.a == pytest.approx(a, rel=0.1) and cost.b == pytest.approx(b, rel=0.1)
+    flat = [[0.04] * 3 for _ in lengths]  # nothing above the floor: still rejected, never fitted to noise
+    _, detail = calibrate(None, None, 16, 8192, 32768, None, measure=lambda n: flat[lengths.index(n)])
+    assert "took no longer" in detail["rejected"]
+    assert calibration.compute_bound_from([0.168, 0.048, 0.63, 0.34]) == 0  # a busy machine is not flat
