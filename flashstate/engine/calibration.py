@@ -9,8 +9,8 @@ coefficient may sit at its clamp (a = 0 or b = 0: every token costs something, a
 with the length). Where the shortest lengths all take about as long as the shortest (within FLAT of it: a
 fast GPU launching kernels rather than computing, the eager forward's host work), the fit starts at the
 last of them: those times say nothing of the per-token cost. A rejected measurement is retried up to
-MAX_ATTEMPTS times in all; then the default cost
-is used, nothing is cached on disk (the process itself does not measure again), and the log says why.
+MAX_ATTEMPTS times in all; then the default cost is used, nothing is cached on disk (the process itself
+does not measure again), and the log says why.
 A cached fit is used only on the hardware it was measured on (`hardware`: device, core count, torch and
 CUDA versions, ...); elsewhere it is measured again.
 """

@@ -61,11 +61,11 @@ def fit_request_overhead(server: list[dict[str, Any]], client: list[dict[str, An
     counts: dict[tuple[int, int], int] = {}
     for r in client:
         counts[key(r)] = counts.get(key(r), 0) + 1
-    pairs = [
-        (r["prompt_tokens"], r["ttft"] - (by_key[key(r)][0]["first_token"] - by_key[key(r)][0]["arrival"]))
-        for r in client
-        if counts[key(r)] == 1 and len(by_key.get(key(r), ())) == 1
-    ]
+    pairs = []
+    for r in client:
+        match = by_key.get(key(r), ())
+        if counts[key(r)] == 1 and len(match) == 1:  # the same sizes twice on either side: ambiguous
+            pairs.append((r["prompt_tokens"], r["ttft"] - (match[0]["first_token"] - match[0]["arrival"])))
     if len(pairs) < 20:
         raise ValueError(f"only {len(pairs)} requests pair up between the traces and the results")
     tokens, extra = np.array(pairs, dtype=float).T
