@@ -217,7 +217,7 @@ def main() -> int:
     p.add_argument("--agents", type=int, nargs="+", default=[48, 256])
     p.add_argument("--fractions", type=float, nargs="+", default=[0.25, 0.5, 1.0, 2.0])
     p.add_argument("--policies", nargs="+", default=list(POLICIES), choices=NAMES)
-    p.add_argument("--host-cache-bytes", default="64G", help="flashstate-host's host tier")
+    p.add_argument("--host-cache-bytes", default=None, help="flashstate-host's host tier (default 64G)")
     p.add_argument("--profile", default=None)
     p.add_argument("--warmup", type=float, default=1800.0, help="simulated seconds before the window")
     p.add_argument("--duration", type=float, default=7200.0, help="simulated seconds measured")
@@ -235,6 +235,8 @@ def main() -> int:
     p.add_argument("--trace-split", default=None, choices=["tune", "validate"])
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/sim-scale-2026-11-29"))
     args = p.parse_args()
+    if args.host_cache_bytes is not None and "flashstate-host" not in args.policies:
+        p.error("--host-cache-bytes sizes flashstate-host's host tier: add flashstate-host to --policies")
     scale = {
         "length_scale": args.length_scale,
         "max_context": args.max_context,
@@ -264,7 +266,7 @@ def main() -> int:
                         "budget": int(f * w),
                         "working_set": w,
                         "policy": policy,
-                        "host_cache_bytes": args.host_cache_bytes,
+                        "host_cache_bytes": args.host_cache_bytes or "64G",
                         "profile": args.profile,
                         "warmup": args.warmup,
                         "duration": args.duration,

@@ -18,16 +18,15 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, os.getcwd())
 
+from flashstate.bench.compare import free_port, wait_ready  # noqa: E402
 from flashstate.models.presets import preset_dir  # noqa: E402
 
 # log line → phase name; the first line matching each pattern marks the phase's end
@@ -39,20 +38,6 @@ PHASES = (
     ("serving", re.compile(r"flashstate\.server: serving ")),
 )
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
 
 
 def phases(log: str, t_launch: float) -> dict[str, float]:
@@ -87,12 +72,7 @@ def start_once(model: str, serve_args: list[str], log_path: Path, timeout: float
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
-        while not healthy(port):
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}; log: {log_path}")
-            if time.time() - t0 > timeout:
-                raise RuntimeError(f"no /health within {timeout:.0f} s; log: {log_path}")
-            time.sleep(0.2)
+        wait_ready(f"http://127.0.0.1:{port}", timeout, proc, log_path)
         health_s = time.time() - t0
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -164,9 +164,9 @@ def calibrate(
     rejections: list[str] = []
     for _ in range(max(attempts, 1)):
         runs = [measure(n) for n in lengths]
-        k = compute_bound_from([statistics.median(t) for t in runs])
-        fitted, runs = lengths[k:], runs[k:]
-        seconds = [statistics.median(t) for t in runs]
+        medians = [statistics.median(t) for t in runs]
+        k = compute_bound_from(medians)
+        fitted, runs, seconds = lengths[k:], runs[k:], medians[k:]
         cost = PrefillCost.fit(fitted, seconds, "measured")
         detail = {
             "lengths": fitted,

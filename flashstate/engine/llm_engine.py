@@ -487,10 +487,7 @@ class LLMEngine:
         """The decode batch after `batch` (whose tokens are not read yet), if it is what `schedule()` would
         give; its blocks allocated. None: read `batch` first and let the scheduler decide."""
         sched = self.scheduler
-        admits = sched.waiting and len(sched.running) < sched.max_num_seqs
-        if admits and sched.admission is not None:  # under memory admission: unless none fits
-            admits = not sched.admission_blocked()
-        if admits or sched.restore_ready():
+        if sched.could_admit() or sched.restore_ready():
             return None
         if sched.isolating:
             return None

@@ -367,6 +367,15 @@ class Scheduler:
         held = sum(len(s.block_table) for s in self.running + self.restoring)
         return held > self.admission.limit(self.cache)
 
+    def could_admit(self) -> bool:
+        """Whether `schedule()` might admit a waiting sequence now: one waits, the running set is below
+        `max_num_seqs`, and under memory admission one fits beside it (the test the engine makes before it
+        launches a decode step ahead)."""
+        admits = bool(self.waiting) and len(self.running) < self.max_num_seqs
+        if admits and self.admission is not None:
+            admits = not self.admission_blocked()
+        return admits
+
     def admission_blocked(self) -> bool:
         """No waiting sequence could be admitted by the next `schedule()` with the running set as it is
         (`max_num_seqs` reached, or none fits beside it under memory admission), and none would be while

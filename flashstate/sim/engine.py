@@ -199,10 +199,9 @@ class SimEngine:
         """Whether the engine launches the step after the decode `batch` before reading it: nothing waiting
         could be admitted, no restore has landed, every running sequence is in `batch` and one goes on."""
         sched = self.scheduler
-        admits = bool(sched.waiting) and len(sched.running) < sched.max_num_seqs
-        if admits and sched.admission is not None:
-            admits = not sched.admission_blocked()
-        if admits or sched.restore_ready() or sched.isolating or len(batch.seqs) != len(sched.running):
+        if sched.could_admit() or sched.restore_ready() or sched.isolating:
+            return False
+        if len(batch.seqs) != len(sched.running):
             return False
         return any(len(s.token_ids) - s.num_prompt_tokens + 1 < s.params.max_tokens for s in batch.seqs)
 
