@@ -31,6 +31,16 @@ or being exported) are charged against one number of bytes: whenever blocks or a
 or a new checkpoint is admitted, units are evicted by the policy's priority, whichever kind they are,
 until the charge fits. Working slots are reserved apart and not charged.
 
+Where a session resumes (the flashstate policy with its retry fallback): a client that re-sends each reply
+token for token resumes at the request's end (its frontier checkpoint); one that re-renders its history
+(a chat template dropping the reasoning, tool calls re-serialised) leaves the reply's path at the prompt's
+end, so its next request resumes at the retry checkpoint one token before it, and the frontier is dead.
+`admit` learns which from the hit: landing on a retry checkpoint whose request's end checkpoint is still
+cached but not on the new prompt's path means the session re-renders (that frontier loses its protection);
+landing on a request's end means it does not; any other hit leaves it to the share of recent continuations
+that re-rendered. A re-rendering session's next retry checkpoint gets the frontier's protection (and its
+host write-back) and its request's end is priced like any interior checkpoint.
+
 Victims come from an `EvictionIndex` (cache/eviction_index.py) over the tree: every stamp, checkpoint
 set or cleared and lock taken or dropped here is reported to it. Before it, spare checkpoints (from spare
 exports, not hit by any request since) go, oldest first and unpriced (the GDS clock stays): they hold only
@@ -83,6 +93,12 @@ class CacheManager:
         # checkpoints from spare exports not hit since (by id, oldest first): the first victims of any kind
         self._spare_nodes: dict[int, Node] = {}
         self.spare_exports = [0, 0]  # spare exports skipped, taken
+        # Resume points (module docstring): the share of recent continuations that resumed at a prompt's end,
+        # whether each admitted sequence's session re-renders (by id, until release), and each one's retry
+        # checkpoint once exported
+        self.rerender_share = 0.0
+        self._rerenders: dict[int, bool] = {}
+        self._prompt_ends: dict[int, Node] = {}
         self.num_checkpoints = 0
         self.host = host
         self.pages = pages
@@ -121,6 +137,8 @@ class CacheManager:
             return False
         self._live[id(seq)] = seq  # until release()
         self._lock(match.node, +1)  # from here on nothing on the hit path can be evicted
+        if self.policy.fallback_retry and id(seq) not in self._rerenders:
+            self._rerenders[id(seq)] = self._learn_resume(seq, match)
         if self.host is not None and not miss and self._restore_from_host(seq, match):
             return True
         self._spare_nodes.pop(id(match.node), None)  # a hit: a spare checkpoint has proved its worth
@@ -145,6 +163,28 @@ class CacheManager:
         seq.cache_handle = match.node
         self._plan(seq, match)
         return True
+
+    RERENDER_WEIGHT = 1 / 32  # of the latest continuation in `rerender_share`
+
+    def _learn_resume(self, seq: Sequence, match: Match) -> bool:
+        """Whether `seq`'s session re-renders its history (module docstring), from where it resumed."""
+        node, resumed_at = match.node, None
+        if len(seq.token_ids) <= node.end + 1:  # not past the hit (a retry of the same prompt): learn nothing
+            return self.rerender_share > 0.5
+        reply = node.reply
+        if reply is not None and reply.slot is not None:
+            # A continuation stopped here: the reply's checkpoint, deeper on the same request's path, is not
+            # on this prompt's path. Nothing of this session comes back to it.
+            resumed_at = "prompt_end"
+            if reply.frontier:
+                reply.frontier = False
+                self.index.touched(reply)
+        elif node.ends_request and node.slot is not None:
+            resumed_at = "frontier"
+        if resumed_at is None:
+            return self.rerender_share > 0.5
+        self.rerender_share += ((resumed_at == "prompt_end") - self.rerender_share) * self.RERENDER_WEIGHT
+        return resumed_at == "prompt_end"
 
     def _plan(self, seq: Sequence, match: Match) -> None:
         seq.export_plan, spare = self.policy.plan_exports(seq, match)
@@ -286,7 +326,12 @@ class CacheManager:
         if self.pages is not None:
             self.pages.advance(seq.request_id, seq.token_ids, depth)
         spare = depth in self._spare.get(id(seq), ())
-        self._insert_checkpoint(seq, depth, slot, frontier=False, spare=spare)
+        retry = depth == seq.num_prompt_tokens - 1 and self.policy.fallback_retry
+        # a re-rendering session's next request resumes at this retry checkpoint: it is the session's frontier
+        resume = retry and self._rerenders.get(id(seq), False)
+        node = self._insert_checkpoint(seq, depth, slot, frontier=resume, spare=spare)
+        if retry and node is not None:
+            self._prompt_ends[id(seq)] = node
 
     def abandon_exports(self) -> None:
         """Free the slots of exports whose step failed (between steps every in-flight export is one)."""
@@ -299,19 +344,26 @@ class CacheManager:
         if seq.restore is not None:  # aborted (or failed) while restoring from the host tier
             seq.restore.cancel()
             seq.restore = None
+        rerender = self._rerenders.pop(id(seq), False)
+        prompt_end = self._prompt_ends.pop(id(seq), None)
+        if prompt_end is not None and prompt_end.slot is None:
+            prompt_end = None  # evicted since
         if commit and self.host is not None and seq.num_computed_tokens and seq.state_slot is not None:
+            # the state the session's next request resumes at: a re-rendering one's is its retry checkpoint
+            depth, slot = seq.num_computed_tokens, seq.state_slot
+            if rerender and prompt_end is not None:
+                depth, slot = prompt_end.end, prompt_end.slot
             self.host.write_back(
-                seq.token_ids,
-                seq.num_computed_tokens,
-                seq.block_table,
-                seq.state_slot,
-                seq.host_chain,
-                salt=seq.cache_salt,
+                seq.token_ids, depth, seq.block_table, slot, seq.host_chain, salt=seq.cache_salt
             )
         frontier = self.enabled and self.policy.frontier
         if commit and frontier and seq.num_computed_tokens and seq.state_slot is not None:
             slot, seq.state_slot = seq.state_slot, None
-            self._insert_checkpoint(seq, seq.num_computed_tokens, slot, frontier=True)
+            end = self._insert_checkpoint(seq, seq.num_computed_tokens, slot, frontier=not rerender)
+            if end is not None:
+                end.ends_request = True
+                if prompt_end is not None:
+                    prompt_end.reply = end
         if self.pages is not None:
             if commit:
                 self.pages.end(seq.request_id, seq.token_ids[: seq.num_computed_tokens + 1])
@@ -350,7 +402,7 @@ class CacheManager:
                 seq.token_ids, depth, seq.block_table, seq.state_slot, seq.host_chain, salt=seq.cache_salt
             )
         slot, seq.state_slot = seq.state_slot, None
-        kept = self._insert_checkpoint(seq, depth, slot, frontier=True)
+        kept = self._insert_checkpoint(seq, depth, slot, frontier=True) is not None
         self.release(seq, commit=False)
         return kept
 
@@ -409,21 +461,22 @@ class CacheManager:
 
     def _insert_checkpoint(
         self, seq: Sequence, depth: int, slot: int, frontier: bool, spare: bool = False
-    ) -> bool:
-        """Put the state in `slot` into the tree at `depth` of `seq`'s tokens; True when a checkpoint holds
-        it there now (this one, or one already there). `spare`: a spare export's, evicted before anything
-        else until a request hits it (one already there, or landing on a spare one, is not spare)."""
+    ) -> Node | None:
+        """Put the state in `slot` into the tree at `depth` of `seq`'s tokens; the node whose checkpoint
+        holds it there now (this one, or one already there), None when refused. `spare`: a spare export's,
+        evicted before anything else until a request hits it (one already there, or landing on a spare one,
+        is not spare)."""
         now = self.clock()
         if self.pages is not None and not self.pages.holds_state(seq.token_ids, depth, seq.cache_salt):
             self.state_pool.free(slot)  # already evicted from the emulated pool
-            return False
+            return None
         node, _ = self.tree.insert(seq.token_ids, seq.block_table, depth, seq.cache_salt)
         if node.slot is not None:  # already checkpointed (another request got here first)
             self.state_pool.free(slot)
             node.frontier |= frontier
             self._stamp(node, now)
             self._spare_nodes.pop(id(node), None)
-            return True
+            return node
         node.slot, node.frontier = slot, frontier
         self.index.slot_changed(node)
         self.num_checkpoints += 1
@@ -435,12 +488,12 @@ class CacheManager:
                 self.stats.admissions_refused += 1
                 self._evict(node, "refused")
                 self._update_gauges()
-                return False
+                return None
             self._evict(victim, "capacity_state")
         if spare:
             self._spare_nodes[id(node)] = node
         self._update_gauges()
-        return True
+        return node
 
     def _key(self, node: Node, now: float) -> tuple[bool, float]:
         return self.policy.unit_key(self.tree, node, now)
@@ -467,7 +520,8 @@ class CacheManager:
         if node.slot is not None:
             self.state_pool.free(node.slot)
             node.slot = None
-            node.frontier = False
+            node.frontier = node.ends_request = False
+            node.reply = None
             self.index.slot_changed(node)
             self.num_checkpoints -= 1
         self.stats.evictions[reason] += 1

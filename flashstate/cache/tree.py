@@ -45,7 +45,11 @@ class Node:
     # Policy bookkeeping (cache/policy.py).
     priority: float = 0.0  # GDS H
     last_access: float = 0.0
-    frontier: bool = False  # made by a request end: a session's resume point
+    frontier: bool = False  # a session's expected resume point (protected under leaf-last)
+    ends_request: bool = False  # made by a request's end (its frontier checkpoint)
+    # On a request's retry checkpoint (one token before its prompt's end): that request's end checkpoint,
+    # so the next request resuming here instead is known to have left the reply's path (CacheManager)
+    reply: Node | None = None
     # Insertion stamp: siblings sorted by it are in the order of their parent's `children` dict (roots: of
     # `RadixTree.roots`). The upper half of a split takes the cut node's, as it takes its dict entry.
     order: int = 0

@@ -4,7 +4,10 @@ think times, window, drain and records, against SimEngines instead of a server.
 Differences from a measured run, by construction:
   - TTFT and e2e are engine times (queue + steps) plus the profile's request overhead (HTTP, the
     prompt's JSON, the server's event loop), by which a request reaches its engine after it is sent;
-  - chat mode sends token prompts with checkpoint hints at segment ends (no chat template tokens);
+  - chat mode sends token prompts with checkpoint hints at segment ends (no chat template tokens); of an
+    answer the trace marks `thinking`, the first `chat_thinking_share` of the generated ids stands for
+    the reasoning and is not re-sent (bench/chat.py cuts the text the same way), so the next prompt
+    leaves the previous turn's path at its prompt's end, as it does through a chat template;
   - several engines: a top-level session and its sub-agents go to one engine (session affinity, by a
     stable hash of the draw-unique session id).
 """
@@ -263,7 +266,10 @@ class SimReplay:
                 rec.truncated = True
                 break
             rec.done += 1
-            context.append(Segment("assistant", done.output))
+            output = done.output
+            if cfg.mode == "chat" and "thinking" in req.output_types:
+                output = output[int(len(output) * cfg.chat_thinking_share) :]
+            context.append(Segment("assistant", output))
             pending = [self._sub(lane, s, scope, sid, depth, rec) for s in req.subagents]
             prev = req
         return all((yield Join(pending))) if pending else True

@@ -1,0 +1,81 @@
+"""Where a session resumes: at its last request's end (a client that re-sends each reply token for token),
+or at its prompt's end (a chat client whose template re-renders the history: the reasoning dropped, tool
+calls re-serialised). The cache manager learns which from each continuation's hit and moves the leaf-last
+protection to that checkpoint (cache/manager.py), so under a budget a re-rendering session's resume point
+is not crowded out by the frontiers it left behind.
+
+The engines are the simulator's (the real scheduler and cache manager, pools as counters), as in
+tests/cache/test_dominance.py.
+"""
+
+from __future__ import annotations
+
+import random
+
+from tests.cache.test_dominance import AMPLE, VOCAB, engine, run_one
+
+WORKING = 4 * 58368  # max_num_seqs working states of the tiny model (57 KiB each)
+
+
+def fresh(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(VOCAB) for _ in range(n)]
+
+
+def checkpoints(sim) -> dict[int, object]:
+    return {n.end: n for n in sim.cache.tree.nodes() if n.slot is not None}
+
+
+def test_a_rerendering_session_moves_its_protection_to_the_prompt_end():
+    sim = engine("flashstate", AMPLE, mamba_fallback_checkpoints="retry")
+    rng = random.Random(0)
+    p0 = fresh(rng, 100)
+    _, out0 = run_one(sim, "t0", p0, 8, seed=0)
+    end0 = len(p0) + len(out0) - 1  # the last sampled token has no state
+    assert checkpoints(sim)[end0].frontier  # nothing known yet: the frontier is the resume point
+    p1 = p0 + fresh(rng, 40)  # the reply not re-sent: the prompt leaves its path at p0's end
+    cached, out1 = run_one(sim, "t1", p1, 8, seed=1)
+    assert cached == len(p0) - 1  # the retry checkpoint
+    nodes = checkpoints(sim)
+    assert not nodes[end0].frontier  # the reply left behind
+    assert nodes[len(p1) - 1].frontier  # where this session's next request will resume
+    assert not nodes[len(p1) + len(out1) - 1].frontier
+    assert sim.cache.rerender_share > 0
+
+
+def test_a_session_resending_its_replies_keeps_its_frontier():
+    sim = engine("flashstate", AMPLE, mamba_fallback_checkpoints="retry")
+    rng = random.Random(1)
+    p0 = fresh(rng, 100)
+    _, out0 = run_one(sim, "t0", p0, 8, seed=0)
+    p1 = p0 + out0 + fresh(rng, 40)
+    cached, out1 = run_one(sim, "t1", p1, 8, seed=1)
+    assert cached == len(p0) + len(out0) - 1
+    nodes = checkpoints(sim)
+    assert nodes[len(p1) + len(out1) - 1].frontier
+    assert not nodes[len(p1) - 1].frontier
+    assert sim.cache.rerender_share == 0
+
+
+def rerendering_sessions(budget: int, sessions: int = 6, turns: int = 5) -> list[list[int]]:
+    """Cached tokens of each turn of `sessions` chat sessions taking turns round-robin, each re-sending its
+    history without the replies; the first session alone first, so the server has seen one re-render."""
+    sim = engine("flashstate", budget, mamba_fallback_checkpoints="retry")
+    rng = random.Random(2)
+    prompts = [fresh(rng, 60) for _ in range(sessions)]
+    cached: list[list[int]] = [[] for _ in range(sessions)]
+    for turn in range(turns):
+        for s in range(sessions):
+            if turn:
+                prompts[s] = prompts[s] + fresh(rng, 24)
+            cached[s].append(run_one(sim, f"s{s}t{turn}", prompts[s], 16, seed=turn * sessions + s)[0])
+    return cached
+
+
+def test_rerendering_sessions_resume_at_their_prompt_ends_under_a_budget():
+    """A budget that holds each session's resume points but not also every frontier the turns left behind
+    (protected, those crowded the resume points out: a third of the continuations resumed lower or nowhere):
+    every continuation resumes one token before its previous prompt's end."""
+    cached = rerendering_sessions(WORKING + 2600 * 1024)
+    for turns in cached:
+        for k in range(1, len(turns)):
+            assert turns[k] == 60 + 24 * (k - 1) - 1, cached
