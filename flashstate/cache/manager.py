@@ -96,7 +96,7 @@ class CacheManager:
         # Resume points (module docstring): the share of recent continuations that resumed at a prompt's end,
         # whether each admitted sequence's session re-renders (by id, until release), and each one's retry
         # checkpoint once exported
-        self.rerender_share = 0.0
+        self.rerender_share, self._resumes_seen = 0.0, self.RERENDER_PRIOR
         self._rerenders: dict[int, bool] = {}
         self._prompt_ends: dict[int, Node] = {}
         self.num_checkpoints = 0
@@ -164,7 +164,9 @@ class CacheManager:
         self._plan(seq, match)
         return True
 
-    RERENDER_WEIGHT = 1 / 32  # of the latest continuation in `rerender_share`
+    # `rerender_share`: the mean over the continuations seen, starting from RERENDER_PRIOR that resumed at
+    # their frontiers, then a moving average over the last RERENDER_WINDOW or so
+    RERENDER_PRIOR, RERENDER_WINDOW = 2, 32
 
     def _learn_resume(self, seq: Sequence, match: Match) -> bool:
         """Whether `seq`'s session re-renders its history (module docstring), from where it resumed."""
@@ -183,7 +185,9 @@ class CacheManager:
             resumed_at = "frontier"
         if resumed_at is None:
             return self.rerender_share > 0.5
-        self.rerender_share += ((resumed_at == "prompt_end") - self.rerender_share) * self.RERENDER_WEIGHT
+        self._resumes_seen += 1
+        weight = 1 / min(self._resumes_seen, self.RERENDER_WINDOW)
+        self.rerender_share += ((resumed_at == "prompt_end") - self.rerender_share) * weight
         return resumed_at == "prompt_end"
 
     def _plan(self, seq: Sequence, match: Match) -> None:
