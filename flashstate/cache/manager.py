@@ -170,11 +170,10 @@ class CacheManager:
 
     def _learn_resume(self, seq: Sequence, match: Match) -> bool:
         """Whether `seq`'s session re-renders its history (module docstring), from where it resumed."""
-        node, resumed_at = match.node, None
-        if len(seq.token_ids) <= node.end + 1:  # not past the hit (a retry of the same prompt): learn nothing
-            return self.rerender_share > 0.5
-        reply = node.reply
-        if reply is not None and reply.slot is not None:
+        node, reply, resumed_at = match.node, match.node.reply, None
+        if len(seq.token_ids) <= node.end + 1:
+            pass  # not past the hit (a retry of the same prompt): nothing to learn
+        elif reply is not None and reply.slot is not None:
             # A continuation stopped here: the reply's checkpoint, deeper on the same request's path, is not
             # on this prompt's path. Nothing of this session comes back to it.
             resumed_at = "prompt_end"

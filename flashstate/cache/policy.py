@@ -9,7 +9,8 @@ slot alone.
                prefill exports at the branch point where the prompt leaves the cached path, at
                chat-message ends, and at the prompt end when the frontier checkpoint is off; fallback
                candidates (`--mamba-fallback-checkpoints`): one token before the prompt's end (an exact
-               retry, or a next turn leaving the path inside the reply, resumes there) and, `sparse`,
+               retry, or a next turn leaving the path inside the reply, resumes there; message ends within
+               RETRY_COVERS tokens below it export nothing of their own) and, `sparse`,
                every vLLM block boundary the prefill passes; admitted and evicted like any checkpoint.
                `auto` plans the block boundaries as *spare* exports: the cache manager takes one only
                while it has room for it without evicting anything, and a spare checkpoint no request
@@ -55,6 +56,11 @@ from flashstate.config import EngineConfig
 from flashstate.sequence import Sequence
 from flashstate.spec.model_spec import ModelSpec
 
+# Message ends within this many tokens of the prompt's end (the last message's end before the generation
+# prompt, or the prompt's end itself) export no checkpoint of their own when the retry point one token before
+# the end is exported: a resume there recomputes at most this many tokens more, and saves a state's bytes.
+RETRY_COVERS = 16
+
 
 @dataclass(slots=True)
 class Policy:
@@ -92,7 +98,10 @@ class Policy:
         # The prompt end matters only without a frontier checkpoint: with one, the request's end sits a
         # reply's length below it and serves every continuation; an interior checkpoint there would only
         # make the frontier look cheap (it would save just the reply's tokens over it).
-        wanted = {*seq.hint_positions} if self.frontier else {prompt, *seq.hint_positions}
+        hints = set(seq.hint_positions)
+        if self.fallback_retry:  # the retry point below stands for the message ends just before it
+            hints = {h for h in hints if h <= prompt - 1 - RETRY_COVERS}
+        wanted = hints if self.frontier else {prompt, *hints}
         if match.kv_depth > match.depth:
             wanted.add(min(match.kv_depth, prompt))
         # Fallbacks: where the next request resumes when it leaves the frontier's path. prompt - 1 serves an

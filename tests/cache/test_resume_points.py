@@ -79,3 +79,18 @@ def test_rerendering_sessions_resume_at_their_prompt_ends_under_a_budget():
     for turns in cached:
         for k in range(1, len(turns)):
             assert turns[k] == 60 + 24 * (k - 1) - 1, cached
+
+
+def test_the_retry_point_stands_for_the_message_ends_just_before_it():
+    """A chat prompt's last message ends a few tokens before the prompt's end (the generation prompt follows).
+    With the retry point exported one token before the end, neither that message end nor the prompt's end
+    exports a state of its own; the earlier message ends do."""
+    sim = engine("flashstate", AMPLE, mamba_fallback_checkpoints="retry")
+    prompt = fresh(random.Random(3), 120)
+    sim.add("chat", prompt, 4, 0, hint_positions=[40, 90, 117, 120])
+    while sim.has_work:
+        batch, seconds = sim.start_step()
+        sim.now[0] += seconds + 1e-3
+        sim.finish_step(batch)
+    depths = set(checkpoints(sim))
+    assert {40, 90, 119} <= depths and not {117, 120} & depths
