@@ -36,10 +36,12 @@ token for token resumes at the request's end (its frontier checkpoint); one that
 (a chat template dropping the reasoning, tool calls re-serialised) leaves the reply's path at the prompt's
 end, so its next request resumes at the retry checkpoint one token before it, and the frontier is dead.
 `admit` learns which from the hit: landing on a retry checkpoint whose request's end checkpoint is still
-cached but not on the new prompt's path means the session re-renders (that frontier loses its protection);
-landing on a request's end means it does not; any other hit leaves it to the share of recent continuations
-that re-rendered. A re-rendering session's next retry checkpoint gets the frontier's protection (and its
-host write-back) and its request's end is priced like any interior checkpoint.
+cached but not on the new prompt's path means the session left that reply (the reply loses its protection),
+and it re-renders when that request had left its own previous reply too, or when most recent continuations
+did (one departure alone is as likely an edit or a branch); landing on a request's end means it does not;
+any other hit leaves it to the share of recent continuations that re-rendered. A re-rendering session's
+next retry checkpoint gets the frontier's protection (and its host write-back) and its request's end is
+priced like any interior checkpoint.
 
 Victims come from an `EvictionIndex` (cache/eviction_index.py) over the tree: every stamp, checkpoint
 set or cleared and lock taken or dropped here is reported to it. Before it, spare checkpoints (from spare
@@ -98,6 +100,7 @@ class CacheManager:
         # checkpoint once exported
         self.rerender_share, self._resumes_seen = 0.0, self.RERENDER_PRIOR
         self._rerenders: dict[int, bool] = {}
+        self._left_reply: set[int] = set()  # sequences (by id) that resumed at a prompt's end, until release
         self._prompt_ends: dict[int, Node] = {}
         self.num_checkpoints = 0
         self.host = host
@@ -187,7 +190,10 @@ class CacheManager:
         self._resumes_seen += 1
         weight = 1 / min(self._resumes_seen, self.RERENDER_WINDOW)
         self.rerender_share += ((resumed_at == "prompt_end") - self.rerender_share) * weight
-        return resumed_at == "prompt_end"
+        if resumed_at == "frontier":
+            return False
+        self._left_reply.add(id(seq))
+        return node.resumed_at_prompt_end or self.rerender_share > 0.5
 
     def _plan(self, seq: Sequence, match: Match) -> None:
         seq.export_plan, spare = self.policy.plan_exports(seq, match)
@@ -335,6 +341,7 @@ class CacheManager:
         node = self._insert_checkpoint(seq, depth, slot, frontier=resume, spare=spare)
         if retry and node is not None:
             self._prompt_ends[id(seq)] = node
+            node.resumed_at_prompt_end = id(seq) in self._left_reply
 
     def abandon_exports(self) -> None:
         """Free the slots of exports whose step failed (between steps every in-flight export is one)."""
@@ -348,6 +355,7 @@ class CacheManager:
             seq.restore.cancel()
             seq.restore = None
         rerender = self._rerenders.pop(id(seq), False)
+        self._left_reply.discard(id(seq))
         prompt_end = self._prompt_ends.pop(id(seq), None)
         if prompt_end is not None and prompt_end.slot is None:
             prompt_end = None  # evicted since
@@ -523,7 +531,7 @@ class CacheManager:
         if node.slot is not None:
             self.state_pool.free(node.slot)
             node.slot = None
-            node.frontier = node.ends_request = False
+            node.frontier = node.ends_request = node.resumed_at_prompt_end = False
             node.reply = None
             self.index.slot_changed(node)
             self.num_checkpoints -= 1

@@ -37,8 +37,14 @@ def test_a_rerendering_session_moves_its_protection_to_the_prompt_end():
     assert cached == len(p0) - 1  # the retry checkpoint
     nodes = checkpoints(sim)
     assert not nodes[end0].frontier  # the reply left behind
-    assert nodes[len(p1) - 1].frontier  # where this session's next request will resume
-    assert not nodes[len(p1) + len(out1) - 1].frontier
+    # one departure may be an edit or a branch: this request's end stays the resume point
+    assert nodes[len(p1) + len(out1) - 1].frontier and not nodes[len(p1) - 1].frontier
+    p2 = p1 + fresh(rng, 40)  # left again: the session re-renders
+    cached, out2 = run_one(sim, "t2", p2, 8, seed=2)
+    assert cached == len(p1) - 1
+    nodes = checkpoints(sim)
+    assert nodes[len(p2) - 1].frontier  # where this session's next request will resume
+    assert not nodes[len(p2) + len(out2) - 1].frontier
     assert sim.cache.rerender_share > 0
 
 

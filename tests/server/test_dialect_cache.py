@@ -1,8 +1,9 @@
 """Cached tokens through each dialect: a 4-turn tool conversation over chat completions, Anthropic
 Messages and Responses, each turn re-sending the whole conversation (the previous replies as the server
-gave them, tool results for their tool calls, else a user message). The prefix cache keeps a checkpoint at
-each prompt's end (a chat-message boundary), so turn k is served from the cache for at least turn k−1's
-whole prompt; checked on the usage numbers each dialect reports, whatever the model says."""
+gave them, tool results for their tool calls, else a user message). The prefix cache keeps a checkpoint one
+token before each prompt's end (the retry point, which stands for the message ends just below it), so turn k
+is served from the cache for at least turn k−1's whole prompt but its last token; checked on the usage
+numbers each dialect reports, whatever the model says."""
 
 from __future__ import annotations
 
@@ -28,12 +29,13 @@ def server(module_tmp):
 
 
 def check(turns: list[tuple[int, int]], calls: int) -> None:
-    """(prompt tokens, cached tokens) per turn: each turn's cache read covers the previous prompt. Then,
+    """(prompt tokens, cached tokens) per turn: each turn's cache read covers the previous prompt but its last
+    token. Then,
     that every turn was a tool call (tool_choice required / any, one call: the output is constrained)."""
     assert len(turns) == TURNS
     for (prev_prompt, _), (prompt, cached) in zip(turns, turns[1:], strict=False):
         assert prompt > prev_prompt
-        assert cached >= prev_prompt, turns
+        assert cached >= prev_prompt - 1, turns
     assert calls >= TURNS, "the grammar forces a complete call"
 
 
