@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from flashstate.cache.block_pool import BlockPool
 from flashstate.cache.eviction_index import EvictionIndex
@@ -64,6 +65,16 @@ from flashstate.cache.stats import CacheStats
 from flashstate.cache.tree import Match, Node, RadixTree
 from flashstate.cache.vllm_pages import VllmPagePool
 from flashstate.sequence import Sequence
+
+
+@dataclass(slots=True)
+class _Resume:
+    """What admission learnt of a sequence's session: whether it re-renders its history, whether this
+    sequence left its previous reply, and its retry checkpoint once exported."""
+
+    rerender: bool
+    left_reply: bool = False
+    prompt_end: Node | None = None
 
 
 class CacheManager:
@@ -96,12 +107,9 @@ class CacheManager:
         self._spare_nodes: dict[int, Node] = {}
         self.spare_exports = [0, 0]  # spare exports skipped, taken
         # Resume points (module docstring): the share of recent continuations that resumed at a prompt's end,
-        # whether each admitted sequence's session re-renders (by id, until release), and each one's retry
-        # checkpoint once exported
+        # and what admission learnt of each admitted sequence (by id, until release)
         self.rerender_share, self._resumes_seen = 0.0, self.RERENDER_PRIOR
-        self._rerenders: dict[int, bool] = {}
-        self._left_reply: set[int] = set()  # sequences (by id) that resumed at a prompt's end, until release
-        self._prompt_ends: dict[int, Node] = {}
+        self._resumes: dict[int, _Resume] = {}
         self.num_checkpoints = 0
         self.host = host
         self.pages = pages
@@ -140,8 +148,8 @@ class CacheManager:
             return False
         self._live[id(seq)] = seq  # until release()
         self._lock(match.node, +1)  # from here on nothing on the hit path can be evicted
-        if self.policy.fallback_retry and id(seq) not in self._rerenders:
-            self._rerenders[id(seq)] = self._learn_resume(seq, match)
+        if self.policy.fallback_retry and id(seq) not in self._resumes:
+            self._resumes[id(seq)] = self._learn_resume(seq, match)
         if self.host is not None and not miss and self._restore_from_host(seq, match):
             return True
         self._spare_nodes.pop(id(match.node), None)  # a hit: a spare checkpoint has proved its worth
@@ -171,29 +179,28 @@ class CacheManager:
     # their frontiers, then a moving average over the last RERENDER_WINDOW or so
     RERENDER_PRIOR, RERENDER_WINDOW = 2, 32
 
-    def _learn_resume(self, seq: Sequence, match: Match) -> bool:
-        """Whether `seq`'s session re-renders its history (module docstring), from where it resumed."""
-        node, reply, resumed_at = match.node, match.node.reply, None
-        if len(seq.token_ids) <= node.end + 1:
-            pass  # not past the hit (a retry of the same prompt): nothing to learn
-        elif reply is not None and reply.slot is not None:
-            # A continuation stopped here: the reply's checkpoint, deeper on the same request's path, is not
-            # on this prompt's path. Nothing of this session comes back to it.
-            resumed_at = "prompt_end"
-            if reply.frontier:
-                reply.frontier = False
-                self.index.touched(reply)
-        elif node.ends_request and node.slot is not None:
-            resumed_at = "frontier"
-        if resumed_at is None:
-            return self.rerender_share > 0.5
+    def _learn_resume(self, seq: Sequence, match: Match) -> _Resume:
+        """Where `seq` resumed, and so whether its session re-renders its history (module docstring)."""
+        node, reply = match.node, match.node.reply
+        if len(seq.token_ids) > node.end + 1:  # past the hit (a retry of the same prompt teaches nothing)
+            if reply is not None and reply.slot is not None:
+                # A continuation stopped here: the reply's checkpoint, deeper on the same request's path, is
+                # not on this prompt's path. Nothing of this session comes back to it.
+                if reply.frontier:
+                    reply.frontier = False
+                    self.index.touched(reply)
+                self._observe(prompt_end=True)
+                rerender = node.resumed_at_prompt_end or self.rerender_share > 0.5
+                return _Resume(rerender, left_reply=True)
+            if node.ends_request and node.slot is not None:
+                self._observe(prompt_end=False)
+                return _Resume(rerender=False)
+        return _Resume(rerender=self.rerender_share > 0.5)
+
+    def _observe(self, prompt_end: bool) -> None:
         self._resumes_seen += 1
         weight = 1 / min(self._resumes_seen, self.RERENDER_WINDOW)
-        self.rerender_share += ((resumed_at == "prompt_end") - self.rerender_share) * weight
-        if resumed_at == "frontier":
-            return False
-        self._left_reply.add(id(seq))
-        return node.resumed_at_prompt_end or self.rerender_share > 0.5
+        self.rerender_share += (prompt_end - self.rerender_share) * weight
 
     def _plan(self, seq: Sequence, match: Match) -> None:
         seq.export_plan, spare = self.policy.plan_exports(seq, match)
@@ -335,13 +342,15 @@ class CacheManager:
         if self.pages is not None:
             self.pages.advance(seq.request_id, seq.token_ids, depth)
         spare = depth in self._spare.get(id(seq), ())
-        retry = depth == seq.num_prompt_tokens - 1 and self.policy.fallback_retry
-        # a re-rendering session's next request resumes at this retry checkpoint: it is the session's frontier
-        resume = retry and self._rerenders.get(id(seq), False)
-        node = self._insert_checkpoint(seq, depth, slot, frontier=resume, spare=spare)
-        if retry and node is not None:
-            self._prompt_ends[id(seq)] = node
-            node.resumed_at_prompt_end = id(seq) in self._left_reply
+        # the retry checkpoint (learnt only under the retry fallback): a re-rendering session's next request
+        # resumes there, so it is the session's frontier
+        learnt = self._resumes.get(id(seq)) if depth == seq.num_prompt_tokens - 1 else None
+        node = self._insert_checkpoint(
+            seq, depth, slot, frontier=learnt is not None and learnt.rerender, spare=spare
+        )
+        if learnt is not None and node is not None:
+            learnt.prompt_end = node
+            node.resumed_at_prompt_end = learnt.left_reply
 
     def abandon_exports(self) -> None:
         """Free the slots of exports whose step failed (between steps every in-flight export is one)."""
@@ -354,9 +363,8 @@ class CacheManager:
         if seq.restore is not None:  # aborted (or failed) while restoring from the host tier
             seq.restore.cancel()
             seq.restore = None
-        rerender = self._rerenders.pop(id(seq), False)
-        self._left_reply.discard(id(seq))
-        prompt_end = self._prompt_ends.pop(id(seq), None)
+        learnt = self._resumes.pop(id(seq), None) or _Resume(rerender=False)
+        rerender, prompt_end = learnt.rerender, learnt.prompt_end
         if prompt_end is not None and prompt_end.slot is None:
             prompt_end = None  # evicted since
         if commit and self.host is not None and seq.num_computed_tokens and seq.state_slot is not None:

@@ -13,8 +13,7 @@ from __future__ import annotations
 import random
 
 from tests.cache.test_dominance import AMPLE, VOCAB, engine, run_one
-
-WORKING = 4 * 58368  # max_num_seqs working states of the tiny model (57 KiB each)
+from tests.cache.test_spare_exports import WORKING
 
 
 def fresh(rng: random.Random, n: int) -> list[int]:
