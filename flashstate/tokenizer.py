@@ -87,6 +87,11 @@ class Tokenizer:
         """Number of token ids the tokenizer can produce (added tokens included)."""
         return self.backend.get_vocab_size(with_added_tokens=True)
 
+    @cached_property
+    def id_limit(self) -> int:
+        """One past the largest id that has a token (added tokens included); larger ids decode to nothing."""
+        return max(self.backend.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+
     def token_to_id(self, token: str) -> int | None:
         return self.backend.token_to_id(token)
 

@@ -125,7 +125,14 @@ class LLMEngine:
             caches = self.tp.start(self.model, caches, self.plan.num_blocks, self.plan.num_slots)
             self.model = self.tp.model
         self.cost = self._prefill_cost(caches)
-        self.runner = ModelRunner(self.model, caches, config.block_size, self.device, peers=self.tp)
+        self.runner = ModelRunner(
+            self.model,
+            caches,
+            config.block_size,
+            self.device,
+            peers=self.tp,
+            vocab_limit=self.tokenizer.id_limit,
+        )
         self.runner.eos_token_ids = tuple(self.eos_token_ids)
         if not config.enforce_eager:
             self.runner.capture_graphs(config.max_num_seqs, -(-self.max_model_len // config.block_size))

@@ -10,6 +10,11 @@ logprobs are taken; greedy rows take the argmax of the adjusted logits.
 
 Greedy rows (temperature < GREEDY_TEMPERATURE) take argmax(logits) and skip the rest.
 
+`vocab_limit` (the ids the tokenizer has a token for): logits [vocab_limit, V) are -inf from the start, so
+those ids are never sampled and logprobs are over the ids that have text. A checkpoint's embedding often
+has padding rows past its tokenizer (Qwen3-Next: 151,936 rows, 151,665 tokens; the 2B benchmark presets:
+151,936 rows over the 2,048-token embedded tokenizer); an id sampled there decodes to nothing.
+
 A token bitmask (constrained decoding: [B, ceil(V/32)] int32, bit t % 32 of word t // 32 set where token
 t is allowed) puts -inf on the disallowed logits before anything else, so logprobs are those of the masked
 distribution (as in vLLM). Every row of a bitmask allows at least one token.
@@ -104,6 +109,10 @@ class SamplerOutput:
 
 
 class Sampler(nn.Module):
+    def __init__(self, vocab_limit: int | None = None):
+        super().__init__()
+        self.vocab_limit = vocab_limit  # None: every id of the logits may be sampled
+
     def forward(
         self,
         logits: Tensor,
@@ -116,7 +125,12 @@ class Sampler(nn.Module):
         `token_bitmask`: [B, W] int32 on the logits' device (constrained decoding), applied first."""
         if logits.dim() != 2 or logits.shape[0] != batch.batch_size:
             raise ValueError(f"logits must be [{batch.batch_size}, V], got {list(logits.shape)}")
-        logits = logits.float()
+        if self.vocab_limit is not None and self.vocab_limit < logits.shape[1]:
+            # a copy, so the logits (a CUDA graph's output buffer) stay as they were
+            logits = logits.float() if logits.dtype != torch.float32 else logits.clone()
+            logits[:, self.vocab_limit :] = float("-inf")
+        else:
+            logits = logits.float()
         if token_bitmask is not None:
             logits = apply_token_bitmask(logits, token_bitmask)
         logprobs = torch.log_softmax(logits, dim=-1)

@@ -216,3 +216,17 @@ def test_seed_without_generator_is_rejected():
 def test_logits_shape_checked():
     with pytest.raises(ValueError, match=r"logits must be \[2, V\]"):
         Sampler()(torch.zeros(3, 5), batch_of(SamplingParams(), SamplingParams()))
+
+
+def test_ids_past_the_vocab_limit_are_never_sampled_and_logits_stay_untouched():
+    # the padding rows get the largest logits; a limit of 3 leaves ids 0..2 only, greedy or sampled
+    logits = torch.tensor([[0.0, 1.0, 0.5, 9.0, 8.0]] * 500)
+    before = logits.clone()
+    params = [SamplingParams(temperature=0.0)] * 250 + [SamplingParams(temperature=2.0, logprobs=5)] * 250
+    out = Sampler(vocab_limit=3)(logits, batch_of(*params))
+    assert out.token_ids.max().item() < 3
+    assert set(out.token_ids[:250].tolist()) == {1}
+    assert set(out.token_ids[250:].tolist()) == {0, 1, 2}
+    # logprobs are over the ids that have tokens
+    assert torch.allclose(out.logprobs.exp()[:250], torch.softmax(torch.tensor([0.0, 1.0, 0.5]), 0)[1])
+    assert torch.equal(logits, before)

@@ -74,6 +74,7 @@ class ModelRunner:
         block_size: int,
         device: torch.device,
         peers: DecodePeers | None = None,
+        vocab_limit: int | None = None,
     ):
         self.model = model
         self.peers = peers
@@ -81,7 +82,7 @@ class ModelRunner:
         self.caches = caches
         self.block_size = block_size
         self.device = device
-        self.sampler = Sampler()
+        self.sampler = Sampler(vocab_limit)  # ids from vocab_limit on have no token: never sampled
         self.eos_token_ids: tuple[int, ...] = ()  # what min_tokens masks, with each request's stop ids
         self.graphs: DecodeGraphs | None = None
         self.inputs: DecodeInputs | None = None  # pure-decode batches' persistent inputs
