@@ -35,13 +35,17 @@ Where a session resumes (the flashstate policy with its retry fallback): a clien
 token for token resumes at the request's end (its frontier checkpoint); one that re-renders its history
 (a chat template dropping the reasoning, tool calls re-serialised) leaves the reply's path at the prompt's
 end, so its next request resumes at the retry checkpoint one token before it, and the frontier is dead.
-`admit` learns which from the hit: landing on a retry checkpoint whose request's end checkpoint is still
-cached but not on the new prompt's path means the session left that reply (the reply loses its protection),
-and it re-renders when that request had left its own previous reply too, or when most recent continuations
-did (one departure alone is as likely an edit or a branch); landing on a request's end means it does not;
-any other hit leaves it to the share of recent continuations that re-rendered. A re-rendering session's
-next retry checkpoint gets the frontier's protection (and its host write-back) and its request's end is
-priced like any interior checkpoint.
+Each request's resume points (its retry checkpoint, its end, or both) get the leaf-last protection, chosen
+at admission from where the request itself resumed:
+    on a retry checkpoint whose request's end is still cached (the session left that reply, which loses
+        its protection): the retry point; its end too unless that request had left its reply as well
+        (one departure is as likely an edit or a branch; in agent traces 97% of the answers after a
+        reasoning answer reason too, so two in a row is a re-rendering session)
+    on a request's end (its retry point loses its protection): the end
+    anywhere else (a first turn, or both evicted): by the share of recent continuations that left their
+        reply; both while it is neither near 0 (token-id clients) nor near 1 (every client re-renders)
+A hit takes the protection off the checkpoint it lands on: it has served, and the request's own resume
+points take over. A protected retry point is written to the host tier at request end, as the end is.
 
 Victims come from an `EvictionIndex` (cache/eviction_index.py) over the tree: every stamp, checkpoint
 set or cleared and lock taken or dropped here is reported to it. Before it, spare checkpoints (from spare
@@ -69,10 +73,11 @@ from flashstate.sequence import Sequence
 
 @dataclass(slots=True)
 class _Resume:
-    """What admission learnt of a sequence's session: whether it re-renders its history, whether this
-    sequence left its previous reply, and its retry checkpoint once exported."""
+    """What admission learnt of a sequence's session: which of its resume points to protect (module
+    docstring), whether this sequence left its previous reply, and its retry checkpoint once exported."""
 
-    rerender: bool
+    retry: bool
+    end: bool
     left_reply: bool = False
     prompt_end: Node | None = None
 
@@ -150,6 +155,8 @@ class CacheManager:
         self._lock(match.node, +1)  # from here on nothing on the hit path can be evicted
         if self.policy.fallback_retry and id(seq) not in self._resumes:
             self._resumes[id(seq)] = self._learn_resume(seq, match)
+        if match.node.slot is not None:
+            self._unprotect(match.node)  # it has served: this request's resume points take over
         if self.host is not None and not miss and self._restore_from_host(seq, match):
             return True
         self._spare_nodes.pop(id(match.node), None)  # a hit: a spare checkpoint has proved its worth
@@ -176,26 +183,32 @@ class CacheManager:
         return True
 
     # `rerender_share`: the mean over the continuations seen, starting from RERENDER_PRIOR that resumed at
-    # their frontiers, then a moving average over the last RERENDER_WINDOW or so
-    RERENDER_PRIOR, RERENDER_WINDOW = 2, 32
+    # their frontiers, then a moving average over the last RERENDER_WINDOW or so. Below HEDGE_SHARE (above
+    # 1 - HEDGE_SHARE) a session not known yet protects only its end (only its retry point).
+    RERENDER_PRIOR, RERENDER_WINDOW, HEDGE_SHARE = 2, 32, 0.1
 
     def _learn_resume(self, seq: Sequence, match: Match) -> _Resume:
-        """Where `seq` resumed, and so whether its session re-renders its history (module docstring)."""
+        """Where `seq` resumed, and so which of its own resume points to protect (module docstring)."""
         node, reply = match.node, match.node.reply
         if len(seq.token_ids) > node.end + 1:  # past the hit (a retry of the same prompt teaches nothing)
             if reply is not None and reply.slot is not None:
                 # A continuation stopped here: the reply's checkpoint, deeper on the same request's path, is
                 # not on this prompt's path. Nothing of this session comes back to it.
-                if reply.frontier:
-                    reply.frontier = False
-                    self.index.touched(reply)
+                self._unprotect(reply)
                 self._observe(prompt_end=True)
-                rerender = node.resumed_at_prompt_end or self.rerender_share > 0.5
-                return _Resume(rerender, left_reply=True)
+                return _Resume(retry=True, end=not node.resumed_at_prompt_end, left_reply=True)
             if node.ends_request and node.slot is not None:
+                if node.retry_point is not None:
+                    self._unprotect(node.retry_point)
                 self._observe(prompt_end=False)
-                return _Resume(rerender=False)
-        return _Resume(rerender=self.rerender_share > 0.5)
+                return _Resume(retry=False, end=True)
+        share = self.rerender_share
+        return _Resume(retry=share >= self.HEDGE_SHARE, end=share <= 1 - self.HEDGE_SHARE)
+
+    def _unprotect(self, node: Node) -> None:
+        if node.frontier:
+            node.frontier = False
+            self.index.touched(node)
 
     def _observe(self, prompt_end: bool) -> None:
         self._resumes_seen += 1
@@ -343,10 +356,10 @@ class CacheManager:
             self.pages.advance(seq.request_id, seq.token_ids, depth)
         spare = depth in self._spare.get(id(seq), ())
         # the retry checkpoint (learnt only under the retry fallback): a re-rendering session's next request
-        # resumes there, so it is the session's frontier
+        # resumes there, so it is one of the session's frontiers
         learnt = self._resumes.get(id(seq)) if depth == seq.num_prompt_tokens - 1 else None
         node = self._insert_checkpoint(
-            seq, depth, slot, frontier=learnt is not None and learnt.rerender, spare=spare
+            seq, depth, slot, frontier=learnt is not None and learnt.retry, spare=spare
         )
         if learnt is not None and node is not None:
             learnt.prompt_end = node
@@ -363,26 +376,30 @@ class CacheManager:
         if seq.restore is not None:  # aborted (or failed) while restoring from the host tier
             seq.restore.cancel()
             seq.restore = None
-        learnt = self._resumes.pop(id(seq), None) or _Resume(rerender=False)
-        rerender, prompt_end = learnt.rerender, learnt.prompt_end
+        learnt = self._resumes.pop(id(seq), None) or _Resume(retry=False, end=True)
+        prompt_end = learnt.prompt_end
         if prompt_end is not None and prompt_end.slot is None:
             prompt_end = None  # evicted since
         if commit and self.host is not None and seq.num_computed_tokens and seq.state_slot is not None:
-            # the state the session's next request resumes at: a re-rendering one's is its retry checkpoint
-            depth, slot = seq.num_computed_tokens, seq.state_slot
-            if rerender and prompt_end is not None:
-                depth, slot = prompt_end.end, prompt_end.slot
-            self.host.write_back(
-                seq.token_ids, depth, seq.block_table, slot, seq.host_chain, salt=seq.cache_salt
-            )
+            # the states the session's next request may resume at
+            if learnt.retry and prompt_end is not None:
+                self.host.write_back(
+                    seq.token_ids, prompt_end.end, seq.block_table, prompt_end.slot, seq.host_chain,
+                    salt=seq.cache_salt,
+                )  # fmt: skip
+            if learnt.end or prompt_end is None:
+                self.host.write_back(
+                    seq.token_ids, seq.num_computed_tokens, seq.block_table, seq.state_slot, seq.host_chain,
+                    salt=seq.cache_salt,
+                )  # fmt: skip
         frontier = self.enabled and self.policy.frontier
         if commit and frontier and seq.num_computed_tokens and seq.state_slot is not None:
             slot, seq.state_slot = seq.state_slot, None
-            end = self._insert_checkpoint(seq, seq.num_computed_tokens, slot, frontier=not rerender)
+            end = self._insert_checkpoint(seq, seq.num_computed_tokens, slot, frontier=learnt.end)
             if end is not None:
                 end.ends_request = True
                 if prompt_end is not None:
-                    prompt_end.reply = end
+                    prompt_end.reply, end.retry_point = end, prompt_end
         if self.pages is not None:
             if commit:
                 self.pages.end(seq.request_id, seq.token_ids[: seq.num_computed_tokens + 1])
@@ -540,7 +557,7 @@ class CacheManager:
             self.state_pool.free(node.slot)
             node.slot = None
             node.frontier = node.ends_request = node.resumed_at_prompt_end = False
-            node.reply = None
+            node.reply = node.retry_point = None
             self.index.slot_changed(node)
             self.num_checkpoints -= 1
         self.stats.evictions[reason] += 1

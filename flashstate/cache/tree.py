@@ -50,6 +50,7 @@ class Node:
     # On a request's retry checkpoint (one token before its prompt's end): that request's end checkpoint,
     # so the next request resuming here instead is known to have left the reply's path (CacheManager)
     reply: Node | None = None
+    retry_point: Node | None = None  # on a request's end checkpoint: that request's retry checkpoint
     resumed_at_prompt_end: bool = False  # on a retry checkpoint: its request had left its previous reply too
     # Insertion stamp: siblings sorted by it are in the order of their parent's `children` dict (roots: of
     # `RadixTree.roots`). The upper half of a split takes the cut node's, as it takes its dict entry.

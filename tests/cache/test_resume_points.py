@@ -1,8 +1,8 @@
 """Where a session resumes: at its last request's end (a client that re-sends each reply token for token),
 or at its prompt's end (a chat client whose template re-renders the history: the reasoning dropped, tool
 calls re-serialised). The cache manager learns which from each continuation's hit and moves the leaf-last
-protection to that checkpoint (cache/manager.py), so under a budget a re-rendering session's resume point
-is not crowded out by the frontiers it left behind.
+protection to that checkpoint, or to both while it cannot tell (cache/manager.py), so under a budget a
+session's resume point is not crowded out by the checkpoints it left behind.
 
 The engines are the simulator's (the real scheduler and cache manager, pools as counters), as in
 tests/cache/test_dominance.py.
@@ -36,14 +36,16 @@ def test_a_rerendering_session_moves_its_protection_to_the_prompt_end():
     assert cached == len(p0) - 1  # the retry checkpoint
     nodes = checkpoints(sim)
     assert not nodes[end0].frontier  # the reply left behind
-    # one departure may be an edit or a branch: this request's end stays the resume point
-    assert nodes[len(p1) + len(out1) - 1].frontier and not nodes[len(p1) - 1].frontier
+    assert not nodes[len(p0) - 1].frontier  # a hit: it has served
+    # one departure may be an edit or a branch: this request's end and its retry point are both kept
+    assert nodes[len(p1) + len(out1) - 1].frontier and nodes[len(p1) - 1].frontier
     p2 = p1 + fresh(rng, 40)  # left again: the session re-renders
     cached, out2 = run_one(sim, "t2", p2, 8, seed=2)
     assert cached == len(p1) - 1
     nodes = checkpoints(sim)
     assert nodes[len(p2) - 1].frontier  # where this session's next request will resume
     assert not nodes[len(p2) + len(out2) - 1].frontier
+    assert not nodes[len(p1) + len(out1) - 1].frontier and not nodes[len(p1) - 1].frontier
     assert sim.cache.rerender_share > 0
 
 
@@ -57,13 +59,16 @@ def test_a_session_resending_its_replies_keeps_its_frontier():
     assert cached == len(p0) + len(out0) - 1
     nodes = checkpoints(sim)
     assert nodes[len(p1) + len(out1) - 1].frontier
-    assert not nodes[len(p1) - 1].frontier
+    assert not nodes[len(p1) - 1].frontier and not nodes[len(p0) - 1].frontier
+    assert not nodes[len(p0) + len(out0) - 1].frontier  # a hit: it has served
     assert sim.cache.rerender_share == 0
 
 
-def rerendering_sessions(budget: int, sessions: int = 6, turns: int = 5) -> list[list[int]]:
+def rerendering_sessions(
+    budget: int, sessions: int = 6, turns: int = 5, resending: int = 0
+) -> list[list[int]]:
     """Cached tokens of each turn of `sessions` chat sessions taking turns round-robin, each re-sending its
-    history without the replies; the first session alone first, so the server has seen one re-render."""
+    history without the replies but the last `resending`, which re-send theirs token for token."""
     sim = engine("flashstate", budget, mamba_fallback_checkpoints="retry")
     rng = random.Random(2)
     prompts = [fresh(rng, 60) for _ in range(sessions)]
@@ -72,7 +77,10 @@ def rerendering_sessions(budget: int, sessions: int = 6, turns: int = 5) -> list
         for s in range(sessions):
             if turn:
                 prompts[s] = prompts[s] + fresh(rng, 24)
-            cached[s].append(run_one(sim, f"s{s}t{turn}", prompts[s], 16, seed=turn * sessions + s)[0])
+            hit, out = run_one(sim, f"s{s}t{turn}", prompts[s], 16, seed=turn * sessions + s)
+            cached[s].append(hit)
+            if s >= sessions - resending:
+                prompts[s] = prompts[s] + out
     return cached
 
 
@@ -84,6 +92,21 @@ def test_rerendering_sessions_resume_at_their_prompt_ends_under_a_budget():
     for turns in cached:
         for k in range(1, len(turns)):
             assert turns[k] == 60 + 24 * (k - 1) - 1, cached
+
+
+def test_mixed_sessions_resume_where_each_left_off_under_a_budget():
+    """Half the sessions re-render, half re-send their replies (a chat server's agents, some reasoning, some
+    not): while the manager cannot tell a session's next move it keeps both resume points, and each session
+    keeps the one it uses. Every continuation resumes at its deepest possible point: one token before the
+    previous prompt's end, or the previous request's end. (Before hits took the protection off what they
+    landed on, the checkpoints the sessions had used crowded 4 of these 24 continuations out.)"""
+    cached = rerendering_sessions(WORKING + 1600 * 1024, resending=3)
+    for s, turns in enumerate(cached):
+        for k in range(1, len(turns)):
+            if s < 3:
+                assert turns[k] == 60 + 24 * (k - 1) - 1, cached
+            else:  # the previous prompt + its 16 output tokens, less the last sampled token
+                assert turns[k] == 60 + 40 * (k - 1) + 15, cached
 
 
 def test_the_retry_point_stands_for_the_message_ends_just_before_it():
