@@ -153,7 +153,6 @@ class Replay:
         self._t0 = 0.0
         self._model: str | None = None
         self._max_context: int | None = None
-        self._chat_ratio = 1.0  # chat mode: server prompt tokens per estimated token (words)
         self._per_word = 1.0  # chat mode: the server's tokens per word (chat.calibrate)
         self._tool_choice = "auto"  # chat mode: "none" where the server has no tool-call parser
         self._http: httpx.AsyncClient | None = None
@@ -167,11 +166,12 @@ class Replay:
         return b
 
     def _too_long(self, context: list[Segment], max_tokens: int) -> bool:
-        """Would the prompt + output pass `max_context`? (Chat mode: scaled by the learned token ratio.)"""
+        """Would the prompt + output pass `max_context`? In chat mode too by the trace's length, not the
+        server's count (the template adds a few percent): both modes replay the same sessions to the same
+        turns, as the simulator does; a prompt the server refuses as too long ends its session as well."""
         if self._max_context is None:
             return False
-        n = context_len(context) * (self._chat_ratio if self.config.mode == "chat" else 1.0)
-        return n + max_tokens > self._max_context
+        return context_len(context) + max_tokens > self._max_context
 
     def _chat_info(self) -> dict[str, Any]:
         return {"chat_tokens_per_word": self._per_word, "chat_tool_choice": self._tool_choice}
@@ -307,10 +307,6 @@ class Replay:
                 rec.done += 1
                 last = c
                 if cfg.mode == "chat":
-                    if c.prompt_tokens:  # server tokens per estimated token, learned as we go
-                        self._chat_ratio = max(
-                            self._chat_ratio, c.prompt_tokens / max(1, context_len(context))
-                        )
                     context.append(
                         chat.assistant_turn(
                             c,

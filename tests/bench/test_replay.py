@@ -164,3 +164,16 @@ def test_session_source_cycles_with_fresh_scopes_in_a_seeded_order():
     assert [again.draw()[0].id for _ in range(6)] == [d[0].id for d in draws]
     limited = SessionSource(sessions, limit=1)
     assert limited.draw() is not None and limited.draw() is None
+
+
+def test_chat_and_token_modes_replay_the_same_turns_under_max_context():
+    """The chat template adds tokens the trace does not count (here: role markers); a session still ends at
+    the turn the trace's lengths say, in both modes, as in the simulator."""
+    for mode in ("completions", "chat"):
+        server = FakeServer()
+        res = run(
+            server, [chain("a", turns=6)], agents=1, max_sessions=1, time_scale=0.0, max_context=30, mode=mode
+        )
+        # prompts of 10, 16, 22, 28 tokens with max_tokens 2 fit 30; the fifth (34) does not
+        assert len(server.seen) == 4 and res.sessions[0].truncated, mode
+        assert mode == "completions" or all(s.body.get("messages") for s in server.seen)

@@ -230,9 +230,14 @@ def test_a_hung_master_costs_one_deadline_then_nothing_until_it_answers_again(ow
     os.kill(master.process.pid, signal.SIGSTOP)
     try:
         start = time.monotonic()
-        assert tier.lookup(_tokens(30, 1), 30) is None  # a probe of the store: past its deadline
+        # a probe of the store: past its deadline, or the client's own failure code at about the same time
+        # (under load either first). On a loaded machine the master may still answer a call sent as the
+        # signal lands: the next probe then finds it hung.
+        for seed in range(1, 4):
+            assert tier.lookup(_tokens(30, seed), 30) is None
+            if not tier.available:
+                break
         assert time.monotonic() - start < 20  # the client's own RPC timeout (30 s) was not waited for
-        # our deadline, or the client's own failure code at about the same time (under load either first)
         assert not tier.available and tier.stats.outages == 1
         calls = store.calls
         for seed in range(5):  # during the outage the engine thread does not touch the store at all
