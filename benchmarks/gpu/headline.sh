@@ -21,7 +21,10 @@
 # 1: the runs one after another; N > 1 spreads them over GPUs 0..N-1, one server per GPU at a time, each
 # measured alone on its card, then merges the results), AGENTS (default 48; also the servers'
 # --max-num-seqs), LENGTH_SCALE / MAX_CONTEXT (default 0.25 / 65536; a real-size preset at real lengths:
-# 1 and its max_model_len), KV_BYTES=card (no budget: what the weights leave), and any extra `bench compare` flags after the mode.
+# 1 and its max_model_len), KV_BYTES=card (no budget: what the weights leave), FRACTION (instead of KV_BYTES:
+# that fraction of the agents' working set W at these flags, `flashstate working-set`, chosen before the
+# run), TRACE_SPLIT (tune or validate: one half of the traces, for the replay and for W), and any extra
+# `bench compare` flags after the mode.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mode="${1:?usage: headline.sh policies|ablation [bench compare flags]}"
@@ -39,13 +42,21 @@ case "$PRESET" in  # where the simulator puts vllm near the reference's ~30% (do
   *) default_kv="" ;;
 esac
 KV_BYTES="${KV_BYTES:-$default_kv}"
+GPUS="${GPUS:-1}"
+AGENTS="${AGENTS:-48}"
+PY="${PYTHON:-python3}"
+split=()
+[ -z "${TRACE_SPLIT:-}" ] || split=(--trace-split "$TRACE_SPLIT")
+if [ -n "${FRACTION:-}" ]; then  # the budget named by its fraction of the working set
+  KV_BYTES="$("$PY" -m flashstate.cli working-set "$TRACES" --model "$PRESET" --agents "$AGENTS" \
+    --length-scale "${LENGTH_SCALE:-0.25}" --max-context "${MAX_CONTEXT:-65536}" --max-output-tokens 512 \
+    --fractions "$FRACTION" "${split[@]}" | "$PY" -c 'import json, sys; print(next(iter(json.load(sys.stdin)["budgets"].values())))')"
+  echo "headline.sh: budget $KV_BYTES bytes = $FRACTION x the working set${TRACE_SPLIT:+ of the $TRACE_SPLIT half}"
+fi
 if [ -z "$KV_BYTES" ]; then
   echo "headline.sh: no default KV_BYTES for preset $PRESET (set KV_BYTES; 'card': the memory weights leave)" >&2
   exit 2
 fi
-GPUS="${GPUS:-1}"
-AGENTS="${AGENTS:-48}"
-PY="${PYTHON:-python3}"
 budget="--kv-cache-memory-bytes $KV_BYTES"
 [ "$KV_BYTES" != card ] || budget=""  # no budget chosen: the card's memory, as a user runs it
 if "$PY" -c "import sys; from flashstate.models.presets import DUMMY_ONLY; sys.exit('$PRESET' not in DUMMY_ONLY)"; then
@@ -58,7 +69,7 @@ serve="--device ${DEVICE:-cuda} --dtype ${DTYPE:-bfloat16} --max-num-seqs $AGENT
 common=(
   --model "$model" --workload "$TRACES" --seed 0 --agents "$AGENTS" --warmup "$WARMUP" --duration "$DURATION" --drain "$DRAIN"
   --length-scale "${LENGTH_SCALE:-0.25}" --max-context "${MAX_CONTEXT:-65536}" --time-scale 0.05 --max-think-time 5
-  --max-output-tokens 512 --server-timeout 900 --no-progress
+  --max-output-tokens 512 --server-timeout 900 --no-progress "${split[@]}"
 )
 # one run: its name, then its `bench compare` selection
 runs=()
