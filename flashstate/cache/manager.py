@@ -381,17 +381,14 @@ class CacheManager:
         if prompt_end is not None and prompt_end.slot is None:
             prompt_end = None  # evicted since
         if commit and self.host is not None and seq.num_computed_tokens and seq.state_slot is not None:
-            # the states the session's next request may resume at
-            if learnt.retry and prompt_end is not None:
+            # the states the session's next request may resume at: its protected resume points
+            points = [(prompt_end.end, prompt_end.slot)] if learnt.retry and prompt_end is not None else []
+            if learnt.end or not points:
+                points.append((seq.num_computed_tokens, seq.state_slot))
+            for depth, slot in points:
                 self.host.write_back(
-                    seq.token_ids, prompt_end.end, seq.block_table, prompt_end.slot, seq.host_chain,
-                    salt=seq.cache_salt,
-                )  # fmt: skip
-            if learnt.end or prompt_end is None:
-                self.host.write_back(
-                    seq.token_ids, seq.num_computed_tokens, seq.block_table, seq.state_slot, seq.host_chain,
-                    salt=seq.cache_salt,
-                )  # fmt: skip
+                    seq.token_ids, depth, seq.block_table, slot, seq.host_chain, salt=seq.cache_salt
+                )
         frontier = self.enabled and self.policy.frontier
         if commit and frontier and seq.num_computed_tokens and seq.state_slot is not None:
             slot, seq.state_slot = seq.state_slot, None
