@@ -41,6 +41,10 @@ case "$PRESET" in  # where the simulator puts vllm near the reference's ~30% (do
   kimi-linear-2b) default_kv=11G ;;
   *) default_kv="" ;;
 esac
+if [ -n "${FRACTION:-}" ] && [ -n "${KV_BYTES:-}" ]; then
+  echo "headline.sh: set KV_BYTES or FRACTION, not both (KV_BYTES=$KV_BYTES, FRACTION=$FRACTION)" >&2
+  exit 2
+fi
 KV_BYTES="${KV_BYTES:-$default_kv}"
 GPUS="${GPUS:-1}"
 AGENTS="${AGENTS:-48}"

@@ -155,8 +155,7 @@ class CacheManager:
         self._lock(match.node, +1)  # from here on nothing on the hit path can be evicted
         if self.policy.fallback_retry and id(seq) not in self._resumes:
             self._resumes[id(seq)] = self._learn_resume(seq, match)
-        if match.node.slot is not None:
-            self._unprotect(match.node)  # it has served: this request's resume points take over
+        self._unprotect(match.node)  # it has served: this request's resume points take over
         if self.host is not None and not miss and self._restore_from_host(seq, match):
             return True
         self._spare_nodes.pop(id(match.node), None)  # a hit: a spare checkpoint has proved its worth
