@@ -222,11 +222,16 @@ class CacheManager:
             self._spare.pop(id(seq), None)
 
     def cached_depth(self, seq: Sequence) -> int:
-        """The depth `admit` would restore from the GPU tree now (the vLLM page pool not asked); takes
-        nothing and stamps nothing."""
+        """The depth `admit` would resume from now: the GPU tree's, or the host tier's where deeper (the
+        vLLM page pool not asked); takes nothing and stamps nothing."""
         if not self.enabled or self.pages is not None:
             return 0
-        return self.tree.match(seq.token_ids, limit=len(seq.token_ids) - 1, salt=seq.cache_salt).depth
+        limit = len(seq.token_ids) - 1
+        depth = self.tree.match(seq.token_ids, limit=limit, salt=seq.cache_salt).depth
+        if self.host is not None:
+            hit = self.host.lookup(seq.token_ids, limit, depth, seq.host_chain, salt=seq.cache_salt)
+            depth = depth if hit is None else hit.depth
+        return depth
 
     def _match(self, seq: Sequence) -> Match | None:
         if self.pages is None:

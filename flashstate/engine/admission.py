@@ -9,9 +9,11 @@ running share of the cache, (1 − cache_reserve) × the blocks the cache could 
 grows into what it was admitted for without preempting, and the reserve stays for cached units (the
 resume points of the sessions not running). A *cold* sequence (hit depth < half its prompt) that is not
 aged must leave the larger `cold_reserve`: its whole footprint is new blocks, taken from the cached units
-of sessions that will come back, while a mostly-cached one runs mostly on its own prefix. Under overload
-this keeps the sessions that are cycling cached (a cold first turn waits for the running set to shrink, or
-until it is aged); with memory to spare nothing waits for it. When nothing runs the candidate is admitted
+of sessions that will come back, while a mostly-cached one runs mostly on its own prefix. The hit depth is the
+GPU tree's or the host tier's, whichever is deeper: a session restored from the host takes new blocks too,
+but it is one of the sessions the reserve is kept for, coming back, and prefills only its tail. Under
+overload this keeps the sessions that are cycling cached (a cold first turn waits for the running set to
+shrink, or until it is aged); with memory to spare nothing waits for it. When nothing runs the candidate is admitted
 whatever its size (the scheduler's liveness rule).
 
 Order of the waiting queue (`order`): a sequence that has waited `max_wait_seconds` or more is *aged*;

@@ -350,3 +350,35 @@ def test_a_corrupt_object_found_by_an_inline_fetch_falls_back_to_recompute(tiny_
     assert host.stats.misses_corrupt == 1 and host.stats.restores == 2
     assert outs[0].num_cached_tokens == 0
     llm.engine.close()
+
+
+def test_a_session_back_from_the_host_is_admitted_beside_a_runner_as_a_cached_one(tiny_model_dir, plain):
+    """Memory admission holds a mostly-uncached prompt to the cold reserve while anything runs. A prompt
+    whose prefix only the host tier holds is a session coming back: it restores and prefills its tail beside
+    a long runner, as a GPU hit would, instead of waiting for the runner to finish."""
+    # 8 MiB: 2,272 blocks of 4 tokens; a cold prompt may grow the running set into 5% of them (113)
+    cached = LLM(
+        tiny_model_dir, **ENGINE, host_cache_bytes=64 << 20, kv_cache_memory_bytes=8 << 20,
+        admission_cold_reserve=0.95,
+    )  # fmt: skip
+    got = _capture(cached)
+    engine = cached.engine
+    agents = Agents(engine.spec.vocab_size, seed=4)
+    outs = _check_round(cached, got, plain, agents.contexts[:1])
+    _drop_gpu_cache(cached)
+    agents.advance([o.token_ids for o in outs] + [[], []])
+    back = agents.contexts[0]
+    runner = engine.add_request(agents._new(400, 400), SamplingParams(max_tokens=200, ignore_eos=True))
+    engine.step()
+    assert engine.cache.tree.match(back, len(back) - 1).depth == 0  # only the host holds its prefix
+    # 400 + 200 tokens: 150 blocks running; `back` (≤ 535 + 5 tokens) adds ≤ 135, within 75% of 2,272
+    rid = engine.add_request(back, PARAMS)
+    finished: dict[str, int] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = len(finished)
+    assert finished[rid] < finished[runner]
+    assert engine.cache.stats.host_hits == 1 and engine.cache.stats.cached_tokens >= len(back) - 80
+    engine.check_integrity()
+    engine.close()
