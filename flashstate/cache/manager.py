@@ -229,7 +229,9 @@ class CacheManager:
         limit = len(seq.token_ids) - 1
         depth = self.tree.match(seq.token_ids, limit=limit, salt=seq.cache_salt).depth
         if self.host is not None:
-            hit = self.host.lookup(seq.token_ids, limit, depth, seq.host_chain, salt=seq.cache_salt)
+            hit = self.host.lookup(
+                seq.token_ids, limit, depth, seq.host_chain, salt=seq.cache_salt, peek=True
+            )
             depth = depth if hit is None else hit.depth
         return depth
 

@@ -13,8 +13,8 @@ of sessions that will come back, while a mostly-cached one runs mostly on its ow
 GPU tree's or the host tier's, whichever is deeper: a session restored from the host takes new blocks too,
 but it is one of the sessions the reserve is kept for, coming back, and prefills only its tail. Under
 overload this keeps the sessions that are cycling cached (a cold first turn waits for the running set to
-shrink, or until it is aged); with memory to spare nothing waits for it. When nothing runs the candidate is admitted
-whatever its size (the scheduler's liveness rule).
+shrink, or until it is aged); with memory to spare nothing waits for it. When nothing runs the candidate
+is admitted whatever its size (the scheduler's liveness rule).
 
 Order of the waiting queue (`order`): a sequence that has waited `max_wait_seconds` or more is *aged*;
 aged ones go first, in queue order, and an aged one that does not fit is never passed over (admission

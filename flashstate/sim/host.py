@@ -138,6 +138,7 @@ class SimHostTier:
         floor: int = 0,
         chain: list[bytes] | None = None,
         salt: str | None = None,
+        peek: bool = False,  # the real tier's: not counted (this one counts no lookups)
     ) -> HostHit | None:
         self._land_writes()
         if not len(self.index):

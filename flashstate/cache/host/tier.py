@@ -206,13 +206,14 @@ class HostTier:
         floor: int = 0,
         chain: list[bytes] | None = None,
         salt: str | None = None,
+        peek: bool = False,
     ) -> HostHit | None:
         """The deepest restorable state at a depth in (floor, limit] on the path of `tokens`: from this
         tier's index, else (a shared store) one another engine wrote, found by probing the store. `chain`,
-        `salt`: as for write_back."""
+        `salt`: as for write_back. `peek`: a look ahead of a restore (admission's order), not counted."""
         if not self.available:
             return None
-        self.stats.lookups += 1
+        self.stats.lookups += not peek
         hashes = self.layout.chain(tokens, limit, chain, salt)
         hit = self._lookup_index(tokens, limit, hashes) if len(self.index) else None
         if self.store.shared:
@@ -222,7 +223,7 @@ class HostTier:
                 self.mark_unavailable(e)
                 return None
             if remote is not None:
-                self.stats.remote_hits += 1
+                self.stats.remote_hits += not peek
                 return remote
         return hit if hit is not None and hit.depth > floor else None
 
