@@ -16,22 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_headline_names_its_budget_by_the_working_set(traces, tmp_path, capsys):
     scale = ["--agents", "2", "--length-scale", "0.01", "--max-context", "2048", "--max-output-tokens", "512"]
-    assert (
-        main(
-            [
-                "working-set",
-                str(traces),
-                "--model",
-                "tiny",
-                *scale,
-                "--fractions",
-                "0.5",
-                "--trace-split",
-                "tune",
-            ]
-        )
-        == 0
-    )
+    half = ["--fractions", "0.5", "--trace-split", "tune"]
+    assert main(["working-set", str(traces), "--model", "tiny", *scale, *half]) == 0
     want = json.loads(capsys.readouterr().out)["budgets"]["0.5"]
     env = {
         **os.environ,

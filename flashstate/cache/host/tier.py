@@ -213,7 +213,8 @@ class HostTier:
         `salt`: as for write_back. `peek`: a look ahead of a restore (admission's order), not counted."""
         if not self.available:
             return None
-        self.stats.lookups += not peek
+        if not peek:
+            self.stats.lookups += 1
         hashes = self.layout.chain(tokens, limit, chain, salt)
         hit = self._lookup_index(tokens, limit, hashes) if len(self.index) else None
         if self.store.shared:
@@ -223,7 +224,8 @@ class HostTier:
                 self.mark_unavailable(e)
                 return None
             if remote is not None:
-                self.stats.remote_hits += not peek
+                if not peek:
+                    self.stats.remote_hits += 1
                 return remote
         return hit if hit is not None and hit.depth > floor else None
 
