@@ -1,7 +1,8 @@
 """Cold start (issue 32, item 5): a `flashstate serve` process timed from its launch to the first `/health`
 200, with the phases its log names (checkpoint loaded, kernel archive restored, calibration, decode and
 mixed-step graphs, serving). Each start gets its own empty Triton cache, so what it does not compile
-comes from `--kernel-cache` (or nowhere): the machine is bare but for that archive.
+comes from `--kernel-cache` (or nowhere), and none finds an earlier start's prefill-cost calibration: the
+machine is bare but for that archive.
 
     source benchmarks/gpu/device_env.sh
     python benchmarks/gpu/cold_start.py --serve-args "--max-num-seqs 96 --max-num-batched-tokens 8192 \
@@ -68,6 +69,8 @@ def start_once(model: str, serve_args: list[str], log_path: Path, timeout: float
         str(port),
         *serve_args,
     ]
+    if "--calibration-cache-dir" not in serve_args:  # nor a calibration from an earlier start
+        cmd += ["--calibration-cache-dir", tempfile.mkdtemp(prefix="calibration-bare-")]
     t0 = time.time()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
