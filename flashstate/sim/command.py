@@ -62,6 +62,7 @@ def make_engines(
             prefill_step_s=profile.prefill_step_s,
             graphed_step_s=profile.graphed_step_s,
             graphed_max_exports=profile.graphed_max_exports,
+            charge_host_calls=not profile.host_calls_in_steps,
         )
         for _ in range(n)
     ]
@@ -119,6 +120,7 @@ def _stats(engine: SimEngine) -> dict[str, Any]:
             "host_states": len(engine.host.index),
             "host_bytes_used": engine.host.index.used,
             "host_evictions": engine.host.index.evictions,
+            "host_engine_s": engine.host.engine_seconds,
         }
     )
 

@@ -90,8 +90,10 @@ class SimEngine:
         prefill_step_s: float = 0.0,
         graphed_step_s: float | None = None,
         graphed_max_exports: int = MAX_EXPORTS,
+        charge_host_calls: bool = True,
     ):
         self.config = config
+        self.charge_host_calls = charge_host_calls  # False: the profile's steps already hold them
         self.prefill, self.decode, self.prefill_step_s = prefill, decode, prefill_step_s
         # the simulated GPU graphs mixed steps as the engine would, where the profile has their cost
         graphed = config.graphs_mixed_steps(graphed_step_s is not None)
@@ -188,12 +190,20 @@ class SimEngine:
         self._launched_ahead = self.pipelines and decode_shaped(batch) and self._next_launches_ahead(batch)
         graphed = self.buckets is not None and self.buckets.bucket(batch) is not None
         fixed = self.graphed_step_s if graphed else self.prefill_step_s
-        seconds = step_seconds(batch, self.prefill, self.decode, fixed)
+        seconds = step_seconds(batch, self.prefill, self.decode, fixed) + self._host_seconds()
         self.steps += 1
         self.busy_seconds += seconds
         decode_graph = not self.config.enforce_eager and decode_shaped(batch)
         self._record(self._clock(), seconds, batch, graphed=graphed or decode_graph)
         return batch, seconds
+
+    def _host_seconds(self) -> float:
+        """The engine thread's time in the host tier's calls since the last step that took it (write-backs of
+        the requests finished since, this schedule's lookups and restores), which the step waits out."""
+        if self.host is None:
+            return 0.0
+        seconds = self.host.take_engine_seconds()
+        return seconds if self.charge_host_calls else 0.0
 
     def _next_launches_ahead(self, batch: ScheduledBatch) -> bool:
         """Whether the engine launches the step after the decode `batch` before reading it: nothing waiting

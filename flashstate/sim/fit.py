@@ -190,6 +190,8 @@ def fitted_profile(
         "prefill": fit["prefill"],
         "decode": fit["decode"],
         "request": request,
+        # steps timed with the engine thread inside a host tier carry its calls (step trace `host_ms`)
+        "host": {"calls_in_steps": any(r.get("host_ms") for r in rows)},
         "provenance": (
             f"fitted by `flashstate fit-profile` from {quality['decode_steps']} pure-decode steps "
             f"(R2 {quality['decode_r2']:.2f}) and {quality['prefill_steps']} steps with prefill, "

@@ -8,6 +8,10 @@ bytes are counted, not copied, and time comes from measured rates.
     start_restore(hit, first, …)     a SimRestore, ready after the fetched bytes at the restore rate, plus
                                      a fixed cost per object fetched
 
+The engine thread's own time inside the tier's calls is charged too, to the step that follows them (the
+real tier runs them on the engine thread between steps): a lookup hashes and walks the prompt's chunks, a
+restore issues its copies, a write-back stages the state's device → host copies.
+
 Rates: the H200's measured host tier (docs/history/benchmarks-2026-11.md, "Host tier, session 4"): a 1,248 MiB
 state read, verified and copied to the device in 0.372 s (3.5 GB/s end to end); its background write-back in
 0.635 s (2.06 GB/s). The write-back's device → host copies run beside the steps and are not charged to them.
@@ -36,6 +40,12 @@ from flashstate.spec.model_spec import ModelSpec
 RESTORE_BYTES_PER_S = 3.5e9
 RESTORE_SECONDS_PER_OBJECT = 1e-3
 WRITE_BYTES_PER_S = 2.06e9
+# The engine thread's seconds per call, from `host_cache_engine_seconds_total` of two headline-flags runs on
+# the H200 (chat and token mode, 2026-12-04, benchmarks/RESULTS.md): lookups 0.12–0.19 µs per prompt token
+# per request (two lookups each), restores 1.27–1.35 µs per restored token, write-backs 3.2–3.9 ms per state.
+ENGINE_LOOKUP_S_PER_TOKEN = 7.5e-8
+ENGINE_RESTORE_S_PER_TOKEN = 1.3e-6
+ENGINE_WRITE_BACK_S = 3.5e-3
 
 
 def _done() -> Future:
@@ -97,6 +107,8 @@ class SimHostTier:
         self.index = HostIndex(capacity, lambda depth: cost.saved(depth, 0), lambda key: None)
         self.clock = clock
         self.restores_started = 0  # an admission that then finds no room cancels its restore
+        self.engine_seconds = 0.0  # the engine thread's time in the calls, in all
+        self._engine_pending = 0.0  # of which not yet charged to a step
         self._writes: list[tuple[float, int, str, list[str]]] = []  # (lands at, order, state, its chunks)
         self._order = 0
 
@@ -127,6 +139,7 @@ class SimHostTier:
         state_bytes = self.state_bytes + tail * self.token_bytes
         if not self.index.admit(key, depth, last, chunk_keys, state_bytes, self.chunk_bytes):
             return
+        self._charge(ENGINE_WRITE_BACK_S)
         lands = self.clock() + (state_bytes + len(new) * self.chunk_bytes) / WRITE_BYTES_PER_S
         self._order += 1
         heapq.heappush(self._writes, (lands, self._order, key, new))
@@ -143,6 +156,7 @@ class SimHostTier:
         self._land_writes()
         if not len(self.index):
             return None
+        self._charge(limit * ENGINE_LOOKUP_S_PER_TOKEN)
         hit = self.index.find(tokens, limit, self.layout.chain(tokens, limit, chain, salt), self.layout)
         return hit if hit is not None and hit.depth > floor else None
 
@@ -152,6 +166,7 @@ class SimHostTier:
         fetched = (hit.depth - first_chunk * self.layout.chunk_tokens) * self.token_bytes + self.state_bytes
         self.index.touch(hit.key)  # a hit re-stamps the state, as the real tier's load does
         self.restores_started += 1
+        self._charge(hit.depth * ENGINE_RESTORE_S_PER_TOKEN)
         objects = len(hit.chunks) - first_chunk + 1  # the chunks not shared from the GPU, then the state
         ready = self.clock()
         if not self.inline_fetch:
@@ -159,3 +174,12 @@ class SimHostTier:
         self.index.pin(hit.key, 1)
         unpin = lambda: self.index.pin(hit.key, -1)  # noqa: E731
         return SimRestore(hit, first_chunk, kv_depth, ready, self.clock, unpin, inline=self.inline_fetch)
+
+    def _charge(self, seconds: float) -> None:
+        self.engine_seconds += seconds
+        self._engine_pending += seconds
+
+    def take_engine_seconds(self) -> float:
+        """The engine thread's seconds in the tier's calls since the last take: the next step's to carry."""
+        seconds, self._engine_pending = self._engine_pending, 0.0
+        return seconds

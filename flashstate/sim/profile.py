@@ -18,6 +18,9 @@
                 the engine between the client's send and its first token (HTTP, the prompt's JSON, the
                 server's event loop): overhead_s + overhead_per_token_s · prompt tokens; the simulated
                 request reaches its engine that long after it is sent,
+     "host": {"calls_in_steps"}   (optional, false) true where the step model was fitted on a run with a host
+                tier, whose steps already hold the engine thread's time in the tier's calls (sim/host.py
+                charges that time to the steps otherwise),
      "provenance": where the numbers come from}
 
 A step of the engine takes the prefill time of its chunks (a chunk of n tokens resuming at depth p costs
@@ -82,6 +85,7 @@ class Profile:
     graphed_step_s: float | None = None  # None: graphed mixed steps not measured for this profile
     graphed_max_exports: int = MAX_EXPORTS
     request_overhead: RequestOverhead = RequestOverhead()
+    host_calls_in_steps: bool = False
 
     def serve_args(self) -> list[str]:
         """The engine flags this profile stands for (later flags override them)."""
@@ -166,6 +170,9 @@ def load_profile(name_or_path: str | None = None) -> Profile:
     overhead = RequestOverhead(
         *(_num(request, k, f"{where}.request", False) or 0.0 for k in ("overhead_s", "overhead_per_token_s"))
     )
+    host_doc = doc.get("host") or {}
+    if not isinstance(host_doc, dict) or not isinstance(host_doc.get("calls_in_steps", False), bool):
+        raise ProfileError(f"{where}.host: expected an object with a boolean calls_in_steps")
     return Profile(
         name=str(doc.get("name") or path.stem),
         device=str(doc.get("device", "")),
@@ -184,4 +191,5 @@ def load_profile(name_or_path: str | None = None) -> Profile:
         graphed_step_s=_num(doc["prefill"], "graphed_step_s", f"{where}.prefill", False),
         graphed_max_exports=MAX_EXPORTS if exports is None else int(exports),
         request_overhead=overhead,
+        host_calls_in_steps=host_doc.get("calls_in_steps", False),
     )

@@ -1,12 +1,16 @@
 """The host tier in the simulator: the real index and layout decide what is held, time comes from the
 measured rates; a run with `--host-cache memory` restores what the GPU cache evicted."""
 
+import json
+from pathlib import Path
+
 import torch
 
 from flashstate.cache.cost import PrefillCost
 from flashstate.cache.host.restore import RestorePhase
 from flashstate.sim import host as sim_host
 from flashstate.sim.host import SimHostTier
+from flashstate.sim.profile import load_profile
 from flashstate.spec.hf_config import spec_of
 
 from .helpers import growing, run
@@ -82,3 +86,32 @@ def test_the_host_tier_serves_what_the_gpu_cache_evicted():
     assert sum(r.cached_tokens for r in tiered.requests) > sum(r.cached_tokens for r in gpu.requests)
     engines[0].scheduler.check_integrity()
     assert not engines[0].has_work
+
+
+def test_the_engine_threads_time_in_the_tiers_calls_is_taken_once():
+    tier, clock = _tier()
+    tokens = list(range(1, 1001))
+    tier.write_back(tokens, 1000, blocks=[], slot=0)
+    assert tier.take_engine_seconds() == sim_host.ENGINE_WRITE_BACK_S and tier.take_engine_seconds() == 0
+    clock.now = 10.0
+    hit = tier.lookup(tokens, limit=1000)
+    tier.start_restore(hit, first_chunk=0, kv_depth=1000, blocks=[], slot=0)
+    taken = tier.take_engine_seconds()
+    assert taken == 1000 * (sim_host.ENGINE_LOOKUP_S_PER_TOKEN + sim_host.ENGINE_RESTORE_S_PER_TOKEN)
+    assert tier.engine_seconds == sim_host.ENGINE_WRITE_BACK_S + taken
+
+
+def test_the_steps_wait_out_the_tiers_calls_unless_the_profile_holds_them(tmp_path):
+    # The same replay with the calls charged (the graphed profile, fitted without a tier) and with a copy of
+    # that profile marked as fitted on a host-tier run: only the first run's steps carry the calls' time.
+    sessions = [growing(f"s{i}", turns=6, first=3001 + 100 * i, step=2003, think=4.0) for i in range(6)]
+    flags = ["--kv-cache-memory-bytes", "700M", "--max-num-seqs", "6", "--host-cache", "memory"]
+    graphed = load_profile("h200-qwen3-next-2b-graphed")
+    doc = json.loads(Path(graphed.path).read_text()) | {"host": {"calls_in_steps": True}}
+    held = tmp_path / "held.json"
+    held.write_text(json.dumps(doc))
+    charged, (engine,) = run(sessions, "flashstate", flags, agents=6, profile="h200-qwen3-next-2b-graphed")
+    free, (engine_free,) = run(sessions, "flashstate", flags, agents=6, profile=str(held))
+    assert engine.host.engine_seconds > 0 and engine_free.host.engine_seconds > 0
+    assert engine.busy_seconds > engine_free.busy_seconds
+    assert len(charged.requests) == len(free.requests) == 36
