@@ -14,6 +14,12 @@ from flashstate.config import EngineConfig
 from flashstate.spec.model_spec import ModelSpec
 
 SGLANG_STATE_FRACTION = 0.25  # SGLang sizes its state pool apart from the KV pool
+# flashstate under a physical limit (no --kv-cache-memory-bytes on a GPU: the budget is what the weights
+# leave): its checkpoint slots are allocated for at most this share of the shared budget, not the whole of
+# it, so the plan accounts 1 / (1 + share) of that memory instead of half. Past it, a checkpoint evicts one
+# (the slot pool binds before the bytes). Checkpoints held 8–18% of the budget at the end of the H200 runs
+# of 2026-12-04 (benchmarks/RESULTS.md, a real-size model at real lengths).
+CARD_CHECKPOINT_SHARE = 0.5
 
 
 def cache_budget(config: EngineConfig, device: torch.device) -> int:
@@ -86,14 +92,16 @@ def plan_cache(
     """The plan whose accounted budget is `budget_bytes`; with `physical_limit` (the budget is the memory
     the device has left), the largest plan whose over-provisioned pools still fit in it."""
     accounted = budget_bytes
-    plan = _plan(spec, config, dtype, accounted)
+    plan = _plan(spec, config, dtype, accounted, physical_limit)
     while physical_limit and plan.physical_bytes > budget_bytes:
         accounted = accounted * budget_bytes // plan.physical_bytes
-        plan = _plan(spec, config, dtype, accounted)
+        plan = _plan(spec, config, dtype, accounted, physical_limit)
     return plan
 
 
-def _plan(spec: ModelSpec, config: EngineConfig, dtype: torch.dtype, budget_bytes: int) -> CachePlan:
+def _plan(
+    spec: ModelSpec, config: EngineConfig, dtype: torch.dtype, budget_bytes: int, physical_limit: bool = False
+) -> CachePlan:
     # KV blocks in the kv dtype (--kv-cache-dtype fp8: half of bf16's bytes), states in the model's
     block = max(kv_bytes_per_block(spec, config.block_size, kv_dtype(config.kv_cache_dtype, dtype)), 1)
     slot = max(state_bytes_per_slot(spec, dtype), 1)
@@ -110,7 +118,10 @@ def _plan(spec: ModelSpec, config: EngineConfig, dtype: torch.dtype, budget_byte
         )
     fraction = config.state_cache_fraction
     if config.prefix_caching and fraction is None and config.cache_policy == "flashstate":
-        return CachePlan(left // block, config.block_size, working + left // slot, working, block, slot,
+        checkpoints = left // slot
+        if physical_limit:
+            checkpoints = min(checkpoints, max(int(left * CARD_CHECKPOINT_SHARE) // slot, 1))
+        return CachePlan(left // block, config.block_size, working + checkpoints, working, block, slot,
                          shared_bytes=left)  # fmt: skip
     if fraction is None:
         fraction = SGLANG_STATE_FRACTION

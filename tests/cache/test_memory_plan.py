@@ -52,3 +52,14 @@ def test_a_physical_limit_shrinks_the_over_provisioned_plans_to_fit(spec, policy
     assert loose.physical_bytes > BUDGET  # over-provisioned: the accounting binds, not the pools
     tight = _plan(spec, cache_policy=policy, physical_limit=True)
     assert tight.physical_bytes <= BUDGET < 2 * tight.physical_bytes
+
+
+def test_on_a_card_flashstate_accounts_two_thirds_of_what_the_weights_leave(spec):
+    # Under a physical limit its checkpoint slots take at most half the shared budget, so blocks for the
+    # whole of it and those slots fit: 1 / 1.5 of the memory is accounted, not half of it.
+    plan = _plan(spec, cache_policy="flashstate", physical_limit=True)
+    checkpoints = plan.num_slots - plan.num_working_slots
+    assert plan.physical_bytes <= BUDGET
+    assert plan.num_blocks == plan.shared_bytes // plan.bytes_per_block
+    assert 1 <= checkpoints <= max(plan.shared_bytes // 2 // plan.bytes_per_slot, 1)
+    assert plan.shared_bytes + 4 * plan.bytes_per_slot > 0.6 * BUDGET
