@@ -82,7 +82,7 @@ def simulate(
         replay = replace(replay, max_context=engines[0].max_model_len)
     source = SessionSource(sessions, replay.seed, replay.max_sessions)
     t0 = time.process_time()
-    run = SimReplay(replay, engines, loop, source, profile.request_overhead).run()
+    run = SimReplay(replay, engines, loop, source, profile.request_overhead_for(replay.mode)).run()
     run.model = model or profile.model
     facts = profile.describe() | {
         "cache_plan": engines[0].plan.describe(),
@@ -171,11 +171,15 @@ def run_fit_profile(args: argparse.Namespace) -> int:
         if args.results:
             if len(args.results) != len(traces):
                 raise ValueError("--results: one bench result per step trace, in the same order")
-            server, client = [], []
+            server, client, modes = [], [], set()
             for trace, result in zip(traces, args.results, strict=True):
                 server += read_request_lines(trace)
-                client += json.loads(Path(result).read_text())["requests"]
-            overhead = fit_request_overhead(server, client)
+                doc = json.loads(Path(result).read_text())
+                client += doc["requests"]
+                modes.add(doc.get("replay", {}).get("mode", "completions"))
+            if len(modes) > 1:
+                raise ValueError("--results: runs of one replay mode (chat prompts cost the server more)")
+            overhead = fit_request_overhead(server, client) | {"mode": modes.pop()}
         doc = fitted_profile(
             base, read_steps(traces), args.name or out.stem, [t.name for t in traces], overhead
         )

@@ -169,16 +169,19 @@ def fitted_profile(
     overhead: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """`base`'s memory and engine flags with the step model fitted from `rows` (and the request overhead
-    `overhead` from fit_request_overhead, else base's): a profile document."""
+    `overhead` from fit_request_overhead, with the replay "mode" of the runs it was fitted on, else base's):
+    a profile document."""
     fit = fit_steps(rows)
     quality = fit["fit"]
-    if overhead is None:
-        o = base.request_overhead
-        request = {"overhead_s": o.base_s, "overhead_per_token_s": o.per_token_s}
-        said = f"profile {base.name}"
-    else:
-        request = {k: overhead[k] for k in ("overhead_s", "overhead_per_token_s")}
-        said = f"{overhead['pairs']} requests paired with their bench results"
+    o, c = base.request_overhead, base.chat_request_overhead
+    request = {"overhead_s": o.base_s, "overhead_per_token_s": o.per_token_s}
+    if c is not None:
+        request |= {"chat_overhead_s": c.base_s, "chat_overhead_per_token_s": c.per_token_s}
+    said = f"profile {base.name}"
+    if overhead is not None:  # fitted on runs of one mode: that mode's terms
+        prefix = "chat_" if overhead.get("mode") == "chat" else ""
+        request |= {prefix + k: overhead[k] for k in ("overhead_s", "overhead_per_token_s")}
+        said = f"{overhead['pairs']} requests paired with their bench results ({prefix or 'token '}mode)"
     return {
         "schema": PROFILE_SCHEMA,
         "name": name,

@@ -17,7 +17,10 @@
      "request": {"overhead_s", "overhead_per_token_s"}   (optional, 0) the time a request spends outside
                 the engine between the client's send and its first token (HTTP, the prompt's JSON, the
                 server's event loop): overhead_s + overhead_per_token_s · prompt tokens; the simulated
-                request reaches its engine that long after it is sent,
+                request reaches its engine that long after it is sent; "chat_overhead_s",
+                "chat_overhead_per_token_s" (optional, both or neither): the same for a chat-mode replay,
+                whose server also renders the chat template and tokenizes the text (the token-mode terms
+                where absent),
      "host": {"calls_in_steps"}   (optional, false) true where the step model was fitted on a run with a host
                 tier, whose steps already hold the engine thread's time in the tier's calls (sim/host.py
                 charges that time to the steps otherwise),
@@ -86,6 +89,13 @@ class Profile:
     graphed_max_exports: int = MAX_EXPORTS
     request_overhead: RequestOverhead = RequestOverhead()
     host_calls_in_steps: bool = False
+    chat_request_overhead: RequestOverhead | None = None
+
+    def request_overhead_for(self, mode: str) -> RequestOverhead:
+        """The request overhead of a replay in `mode` ("completions" or "chat")."""
+        if mode == "chat" and self.chat_request_overhead is not None:
+            return self.chat_request_overhead
+        return self.request_overhead
 
     def serve_args(self) -> list[str]:
         """The engine flags this profile stands for (later flags override them)."""
@@ -170,6 +180,10 @@ def load_profile(name_or_path: str | None = None) -> Profile:
     overhead = RequestOverhead(
         *(_num(request, k, f"{where}.request", False) or 0.0 for k in ("overhead_s", "overhead_per_token_s"))
     )
+    chat_keys = ("chat_overhead_s", "chat_overhead_per_token_s")
+    chat = [_num(request, k, f"{where}.request", False) for k in chat_keys]
+    if (chat[0] is None) != (chat[1] is None):
+        raise ProfileError(f"{where}.request: chat_overhead_s and chat_overhead_per_token_s go together")
     host_doc = doc.get("host") or {}
     if not isinstance(host_doc, dict) or not isinstance(host_doc.get("calls_in_steps", False), bool):
         raise ProfileError(f"{where}.host: expected an object with a boolean calls_in_steps")
@@ -192,4 +206,5 @@ def load_profile(name_or_path: str | None = None) -> Profile:
         graphed_max_exports=MAX_EXPORTS if exports is None else int(exports),
         request_overhead=overhead,
         host_calls_in_steps=host_doc.get("calls_in_steps", False),
+        chat_request_overhead=None if chat[0] is None else RequestOverhead(*chat),
     )

@@ -54,3 +54,21 @@ def test_the_fit_recovers_the_overhead_from_paired_records():
     assert fit["overhead_per_token_s"] == pytest.approx(2e-7, rel=0.05)
     with pytest.raises(ValueError, match="pair up"):
         fit_request_overhead(server[:5], client[:5])
+
+
+def test_a_chat_replay_takes_the_profiles_chat_overhead(tmp_path):
+    # Chat prompts are rendered and tokenized by the server: the profile's chat terms apply to a chat-mode
+    # replay, the token-mode terms to the other; a profile with only one chat term is refused.
+    doc = json.loads((PROFILES_DIR / "h200-qwen3-next-2b-served.json").read_text())
+    doc["request"] = {"overhead_s": 0.01, "overhead_per_token_s": 0.0, "chat_overhead_s": 0.05,
+                      "chat_overhead_per_token_s": 2e-6}  # fmt: skip
+    path = tmp_path / "chat.json"
+    path.write_text(json.dumps(doc))
+    profile = load_profile(str(path))
+    assert profile.request_overhead_for("completions")(1000) == pytest.approx(0.01)
+    assert profile.request_overhead_for("chat")(1000) == pytest.approx(0.052)
+    assert load_profile("h200-qwen3-next-2b-served").request_overhead_for("chat")(1000) == 0.0
+    del doc["request"]["chat_overhead_s"]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="go together"):
+        load_profile(str(path))
