@@ -87,6 +87,7 @@ class StepTrace:
             "decode_seqs": decodes,
             "prefill_pairs": pairs,
             "decode_context": context,
+            "exports": len(batch.exports) if batch is not None else 0,  # recurrent states checkpointed
             "ahead": ahead,  # launched during the step before (async scheduling), not scheduled by this one
             "graphed": graphed,
             "running": len(scheduler.running),

@@ -32,6 +32,7 @@ def test_one_line_per_step_accounts_for_every_token(tiny_model_dir, tmp_path):
     assert any(r["ahead"] for r in rows)
     assert all(r["prefill_tokens"] == 0 for r in rows if r["ahead"])
     assert not any(r["graphed"] for r in rows)  # no CUDA graphs on the CPU: every step ran eager
+    assert not any(r["exports"] for r in rows)  # no prefix cache: no state is checkpointed
     # chunks of one prompt tile its square: Σ (p + n)² − p² over them is its length squared
     assert sum(r["prefill_pairs"] for r in rows) == sum(len(p) ** 2 for p in prompts)
     # decodes of each request at lengths len(p) + 1 .. len(p) + 4
@@ -83,3 +84,16 @@ def test_with_a_host_tier_rows_carry_its_engine_time_and_restores(tiny_model_dir
     assert second["running"] >= second["fetched"] >= second["admitted"] >= second["arrival"]
     assert first["running"] == first["admitted"] and first["fetched"] is None
     assert second["cached_tokens"] > 0 and second["prompt_tokens"] == len(prompt) + len(out.token_ids) + 3
+
+
+def test_rows_count_the_states_a_step_checkpoints(tiny_model_dir, tmp_path):
+    # With the prefix cache a prompt's state is exported where it ends (its frontier), inside the step that
+    # prefills its last chunk; decode steps export nothing.
+    path = tmp_path / "steps.jsonl"
+    llm = LLM(tiny_model_dir, max_num_batched_tokens=64, step_trace=str(path), device="cpu")
+    prompt = [(7 * i) % 1000 + 10 for i in range(200)]
+    llm.generate([prompt], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    llm.close()
+    rows, _ = read_trace(path)
+    assert sum(r["exports"] for r in rows) >= 1
+    assert all(r["exports"] == 0 for r in rows if r["prefill_tokens"] == 0)
