@@ -51,7 +51,8 @@ class CachePlan:
     num_pages: int | None = None
     # Shared budget: KV blocks in use plus checkpoint slots (held or being exported) are charged against
     # these bytes, so the cache manager trades one for the other. Physically each pool could take the
-    # whole of it (blocks and slots over-provisioned; the charge binds first).
+    # whole of it (blocks and slots over-provisioned; the charge binds first), but for the checkpoint
+    # slots under a physical limit (CARD_CHECKPOINT_SHARE of it: there the slot pool may bind first).
     shared_bytes: int | None = None
 
     @property

@@ -174,9 +174,9 @@ def run_fit_profile(args: argparse.Namespace) -> int:
             server, client, modes = [], [], set()
             for trace, result in zip(traces, args.results, strict=True):
                 server += read_request_lines(trace)
-                doc = json.loads(Path(result).read_text())
-                client += doc["requests"]
-                modes.add(doc.get("replay", {}).get("mode", "completions"))
+                run = json.loads(Path(result).read_text())
+                client += run["requests"]
+                modes.add(run.get("replay", {}).get("mode", "completions"))
             if len(modes) > 1:
                 raise ValueError("--results: runs of one replay mode (chat prompts cost the server more)")
             overhead = fit_request_overhead(server, client) | {"mode": modes.pop()}

@@ -121,6 +121,10 @@ class Profile:
                 "base_s": self.request_overhead.base_s,
                 "per_token_s": self.request_overhead.per_token_s,
             },
+            "chat_request_overhead": None
+            if (c := self.chat_request_overhead) is None
+            else {"base_s": c.base_s, "per_token_s": c.per_token_s},
+            "host_calls_in_steps": self.host_calls_in_steps,
             "provenance": self.provenance,
         }
 

@@ -4,9 +4,11 @@ run's client records paired with its server's request lines."""
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 
+from flashstate.cli import main
 from flashstate.sim.fit import fit_request_overhead
 from flashstate.sim.profile import PROFILES_DIR, load_profile
 
@@ -72,3 +74,18 @@ def test_a_chat_replay_takes_the_profiles_chat_overhead(tmp_path):
     path.write_text(json.dumps(doc))
     with pytest.raises(ValueError, match="go together"):
         load_profile(str(path))
+
+
+def test_fit_profile_writes_a_chat_runs_overhead_to_the_chat_terms(tmp_path, capsys):
+    # A recorded chat-mode run on the H200 (no host tier): its fitted overhead goes to the chat terms, the
+    # token-mode terms stay the base profile's, and its steps hold no host-tier calls.
+    run = Path(__file__).resolve().parents[2] / "benchmarks/results/same-sessions-2026-12-03/chat-none"
+    out = tmp_path / "chat-fit.json"
+    args = ["fit-profile", str(run / "steps-none.jsonl.gz"), "--results", str(run / "result-none.json")]
+    assert main([*args, "--base", "h200-qwen3-next-2b-graphed", "--out", str(out)]) == 0
+    capsys.readouterr()
+    fitted, base = load_profile(str(out)), load_profile("h200-qwen3-next-2b-graphed")
+    assert fitted.request_overhead == base.request_overhead
+    chat = fitted.chat_request_overhead
+    assert chat is not None and chat != base.chat_request_overhead and 0 < chat(20_000) < 1.0
+    assert not fitted.host_calls_in_steps and "chat_mode" in fitted.provenance
