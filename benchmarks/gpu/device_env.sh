@@ -6,6 +6,14 @@
 #     source benchmarks/gpu/device_env.sh && ...; save_triton_cache
 #   back here: cat <files_at>/tcache.tar.xz.* > .tcache.tar.xz    # the next run carries it
 #
+# The wheels the device image lacks (what flashstate serve and the GPU kernels need; 7.5 MB), fetched here:
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     $(for n in 17 24 27 28 31 34 35; do echo --platform manylinux_2_${n}_x86_64; done) \
+#     --platform manylinux2014_x86_64 -d .whl fastapi starlette uvicorn pydantic pydantic-core annotated-types \
+#     typing-inspection typing-extensions opentelemetry-api importlib-metadata lazy-importer \
+#     'llguidance>=1.9.1,<2' fla-core==0.6.0 flash-linear-attention==0.6.0
+# (check that pydantic's pinned pydantic-core is the one fetched; keep one version of each).
+#
 # Only the kernels' binaries and metadata are kept (Triton finds a kernel by those; its IR text is
 # dropped) and xz packs it (~11 MB for ~2,600 kernels), so the archive stays within the carry limit. It comes back in parts of at most 15 MiB (a file
 # from $OUT may not exceed 16 MiB). A stale archive costs nothing: kernels whose source changed miss and
