@@ -10,12 +10,16 @@
 #
 # DETACHED (default /tmp/detached) holds NAME.log, NAME.pid and, once it ends, NAME.rc. Leave the wait's
 # SECONDS well inside the command's limit, and copy what the job wrote into $OUT in the same command.
+# The job inherits the environment of the command that starts it (source device_env.sh first). It runs in a
+# copy of the working tree made at its start, $DETACHED/NAME.tree (all but .git and .venv), since every later
+# command re-copies the tree it was started from: a job run there lost the ignored .traces midway.
 set -euo pipefail
 DETACHED="${DETACHED:-/tmp/detached}"
 action="${1:?usage: detached.sh start NAME CMD... | wait NAME SECONDS | status NAME}"
 name="${2:?detached.sh: a job name}"
 shift 2
 mkdir -p "$DETACHED"
+DETACHED="$(cd "$DETACHED" && pwd)"  # the job runs elsewhere
 log="$DETACHED/$name.log" rc="$DETACHED/$name.rc" pidfile="$DETACHED/$name.pid"
 
 running() { [ -f "$pidfile" ] && [ ! -f "$rc" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
@@ -28,12 +32,21 @@ case "$action" in
       exit 2
     fi
     rm -f "$rc"
+    tree="$DETACHED/$name.tree"
+    rm -rf "$tree" && mkdir -p "$tree"
+    tar -c --exclude=./.git --exclude=./.venv . | tar -x -C "$tree"
+    # PYTHONPATH entries naming the tree it was started from name the copy
+    here="$PWD" paths=""
+    IFS=: read -r -a entries <<< "${PYTHONPATH:-}"
+    for e in "${entries[@]}"; do [ "$e" = "$here" ] && e="$tree"; paths="${paths:+$paths:}$e"; done
+    [ -z "${PYTHONPATH:-}" ] || export PYTHONPATH="$paths"
+    cd "$tree"
     # the job's status is written by the shell that ran it, so a job killed with that shell leaves no .rc;
     # nothing of it holds this command's output open, or the caller would wait for the job to end
     setsid bash -c '"$@"; echo $? > "$0.rc.tmp"; mv "$0.rc.tmp" "${0%.log}.rc"' "$log" "$@" \
       > "$log" 2>&1 < /dev/null &
     echo $! > "$pidfile"
-    echo "detached.sh: $name started (pid $!), log $log"
+    echo "detached.sh: $name started (pid $!) in $tree, log $log"
     ;;
   wait)
     seconds="${1:?detached.sh: wait $name SECONDS}"
