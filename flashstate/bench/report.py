@@ -292,7 +292,10 @@ def plots(results: dict[str, dict[str, Any]], out_dir: Path) -> list[Path]:
     ax.set_xlabel("TTFT (s)")
     ax.set_ylabel("fraction of requests")
     ax.grid(alpha=0.3)
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
+    else:  # no request of any run was answered in its window
+        ax.text(0.5, 0.5, "no request answered in the window", ha="center", transform=ax.transAxes)
     fig.tight_layout()
     paths.append(out_dir / "ttft_cdf.png")
     fig.savefig(paths[-1], dpi=120)

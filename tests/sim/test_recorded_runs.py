@@ -29,6 +29,8 @@ GRAPHED_PROFILE = "h200-qwen3-next-2b-graphed"
 HOST_RUN = RESULTS / "chat-vs-token-2026-12-03" / "token"
 HOST_PROFILE = "h200-qwen3-next-2b-host"
 VALIDATE_RUN = RESULTS / "card-2026-12-04" / "validate-0.5-flashstate-host"
+REAL_SIZE_RUN = RESULTS / "card-2026-12-04" / "real-size-0.15"
+REAL_SIZE_PROFILE = RESULTS / "card-2026-12-04" / "h200-qwen3.6-35b-a3b-rough.json"  # fitted on earlier runs
 STALL_MS = 1000  # steps that compiled a Triton kernel variant inside the step (the server log names them)
 TOLERANCE = 0.15
 ENGINE_FLAGS = ("--max-num-seqs", "--max-num-batched-tokens", "--kv-cache-memory-bytes")
@@ -139,3 +141,17 @@ def test_the_graphed_profile_with_the_host_calls_priced_predicts_the_validate_ha
     got = json.loads((out / "result-flashstate.json").read_text())["summary"]
     want = _result(VALIDATE_RUN)["summary"]
     _assert_close(got, want, "output TPM", "uncached p50")
+
+
+def test_the_rough_real_size_profile_predicts_the_real_size_run(traces, tmp_path):
+    """qwen3.6-35b-a3b at length scale 1 and 15% of W (2026-12-04, evening): the rough profile fitted on the
+    first real-size attempt's runs predicts the later run. flashstate + host within 15% on TTFT p50/p90,
+    throughput and uncached p50; vllm answered one request in the window, so its throughput alone."""
+    extra = ("--host-cache memory", "--host-cache-bytes 64G")
+    out = _simulate(REAL_SIZE_RUN, str(REAL_SIZE_PROFILE), "flashstate", tmp_path / "fs", extra, traces)
+    got = json.loads((out / "result-flashstate.json").read_text())["summary"]
+    _assert_close(got, _result(REAL_SIZE_RUN, "flashstate-host")["summary"], *METRICS)
+    out = _simulate(REAL_SIZE_RUN, str(REAL_SIZE_PROFILE), "vllm", tmp_path / "vllm", (), traces)
+    got = json.loads((out / "result-vllm.json").read_text())["summary"]
+    tpm, want = got["output_tpm"], _result(REAL_SIZE_RUN, "vllm")["summary"]["output_tpm"]
+    assert abs(tpm / want - 1) <= TOLERANCE, (tpm, want)
