@@ -9,6 +9,10 @@ step and, where the trace marks some steps `graphed` (replayed as a mixed-step C
 graphed_step_s for those. Least squares with non-negative coefficients (a term whose weight would go
 negative is dropped and the rest refitted).
 
+A step's time is its own: a trace of a server with a host tier gives each step the engine thread's time
+inside the tier's calls (`host_ms`), which is taken out, since the simulator charges those calls one by
+one at their measured rates (sim/host.py) and a policy without a tier makes none.
+
 A request's overhead outside the engine (profile "request") is fitted from the same runs' bench results:
 each client record is paired with the server's request line of the same prompt and cached length (pairs
 unique on both sides), and the client's TTFT less the server's (arrival to first token) is fitted as
@@ -115,6 +119,11 @@ def _r2(x: np.ndarray, y: np.ndarray, coef: np.ndarray) -> float:
     return float(1 - (residual**2).sum() / total) if total > 0 else 1.0
 
 
+def _own_seconds(row: dict[str, Any]) -> float:
+    """A traced step's seconds less the engine thread's time inside the host tier's calls."""
+    return (row["ms"] - row.get("host_ms", 0.0)) / 1e3
+
+
 def fit_steps(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """{"decode": {base_s, per_seq_s, per_token_s}, "prefill": {a, b, step_s}, "fit": quality and counts}.
     A step with prefill costs step_s + a·tokens + b·pairs over its decode rows' modelled time."""
@@ -126,7 +135,7 @@ def fit_steps(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "prefill (need 2)"
         )
     x = np.array([[1.0, r["decode_seqs"], r["decode_context"]] for r in decode_rows])
-    y = np.array([r["ms"] / 1e3 for r in decode_rows])
+    y = np.array([_own_seconds(r) for r in decode_rows])
     base, per_seq, per_token = _nonneg_lstsq(x, y)
     decode_r2 = _r2(x, y, np.array([base, per_seq, per_token]))
 
@@ -144,7 +153,7 @@ def fit_steps(rows: list[dict[str, Any]]) -> dict[str, Any]:
             for g, r in zip(graphed, prefill_rows, strict=True)
         ]
     )
-    y = np.array([r["ms"] / 1e3 - decode(r) for r in prefill_rows])
+    y = np.array([_own_seconds(r) - decode(r) for r in prefill_rows])
     coef = _nonneg_lstsq(x, y)
     *steps, a, b = (float(c) for c in coef)
     prefill = {"a": a, "b": b, "step_s": steps[0]} | ({"graphed_step_s": steps[1]} if split else {})
@@ -193,8 +202,7 @@ def fitted_profile(
         "prefill": fit["prefill"],
         "decode": fit["decode"],
         "request": request,
-        # steps timed with the engine thread inside a host tier carry its calls (step trace `host_ms`)
-        "host": {"calls_in_steps": any(r.get("host_ms") for r in rows)},
+        "host": {"calls_in_steps": False},  # fitted without them (_own_seconds): the simulator charges them
         "provenance": (
             f"fitted by `flashstate fit-profile` from {quality['decode_steps']} pure-decode steps "
             f"(R2 {quality['decode_r2']:.2f}) and {quality['prefill_steps']} steps with prefill, "
@@ -209,7 +217,8 @@ def step_model_error(profile: Profile, rows: list[dict[str, Any]]) -> dict[str, 
     """How `profile`'s step model prices recorded steps: {"decode": …, "prefill": …}, each the steps'
     count, their measured and modelled seconds, and the relative error (modelled / measured − 1). A step
     with prefill that the trace marks `graphed` costs the profile's graphed_step_s where it has one, any
-    other step_s (traces from before the field say nothing: eager)."""
+    other step_s (traces from before the field say nothing: eager). Measured is each step's own time
+    unless the profile's steps hold the host tier's calls."""
 
     def modelled(r: dict[str, Any]) -> float:
         seconds = profile.decode(r["decode_seqs"], r["decode_context"])
@@ -226,7 +235,7 @@ def step_model_error(profile: Profile, rows: list[dict[str, Any]]) -> dict[str, 
     }
     out: dict[str, dict[str, float]] = {}
     for kind, picked in kinds.items():
-        measured = sum(r["ms"] for r in picked) / 1e3
+        measured = sum(r["ms"] / 1e3 if profile.host_calls_in_steps else _own_seconds(r) for r in picked)
         model = sum(modelled(r) for r in picked)
         out[kind] = {
             "steps": len(picked),

@@ -22,8 +22,8 @@
                 whose server also renders the chat template and tokenizes the text (the token-mode terms
                 where absent),
      "host": {"calls_in_steps"}   (optional, false) true where the step model was fitted on a run with a host
-                tier, whose steps already hold the engine thread's time in the tier's calls (sim/host.py
-                charges that time to the steps otherwise),
+                tier with the engine thread's time in the tier's calls left in its steps (sim/host.py
+                charges that time to the steps otherwise; `fit-profile` takes it out since 2026-12-04),
      "provenance": where the numbers come from}
 
 A step of the engine takes the prefill time of its chunks (a chunk of n tokens resuming at depth p costs

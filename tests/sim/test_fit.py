@@ -97,3 +97,18 @@ def test_graphed_and_eager_steps_get_their_own_fixed_costs(tmp_path):
     assert fit["prefill"]["graphed_step_s"] == pytest.approx(0.01, rel=1e-6)
     assert fit["prefill"]["step_s"] == pytest.approx(MODEL["prefill"]["step_s"], rel=1e-6)
     assert fit["fit"]["prefill_graphed_steps"] == sum(r["graphed"] for r in prefill)
+
+
+def test_the_host_tiers_calls_are_taken_out_of_the_steps(tmp_path):
+    """A host-tier server's trace gives each step the engine thread's time inside the tier's calls
+    (`host_ms`); the fit prices the steps without it (the simulator charges each call) and says so."""
+    rows = _sim_rows(tmp_path)
+    traced = [r | {"ms": r["ms"] + 7.5 * (i % 3), "host_ms": 7.5 * (i % 3)} for i, r in enumerate(rows)]
+    fit = fit_steps(traced)
+    for part in ("decode", "prefill"):
+        for key, want in MODEL[part].items():
+            assert fit[part][key] == pytest.approx(want, rel=1e-6), (part, key)
+    trace = tmp_path / "steps.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in traced))
+    assert main(["fit-profile", str(trace), "--out", str(tmp_path / "p.json")]) == 0
+    assert not load_profile(str(tmp_path / "p.json")).host_calls_in_steps
