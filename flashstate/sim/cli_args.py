@@ -57,4 +57,10 @@ def add_fit_profile_parser(sub: argparse._SubParsersAction) -> None:
         help="the same runs' bench results (result-*.json), one per trace in order: fits the request "
         "overhead outside the engine (default: --base's)",
     )
+    fit.add_argument(
+        "--keep-steps",
+        action="store_true",
+        help="keep --base's step model and fit only what --results give (the request overhead; for chat-mode "
+        "runs also the chat template's tokens and the engine thread's time per chat prompt token)",
+    )
     fit.add_argument("--out", required=True, help="profile file to write (JSON)")

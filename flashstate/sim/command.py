@@ -29,7 +29,13 @@ from flashstate.bench.step_summary import STEP_FIELDS, summarize
 from flashstate.config import EngineConfig
 from flashstate.sim.engine import SimEngine
 from flashstate.sim.events import EventLoop
-from flashstate.sim.fit import fit_request_overhead, fitted_profile, read_request_lines, read_steps
+from flashstate.sim.fit import (
+    fit_chat_costs,
+    fit_request_overhead,
+    fitted_profile,
+    read_request_lines,
+    read_steps,
+)
 from flashstate.sim.profile import Profile, load_profile
 from flashstate.sim.replay import SimReplay
 from flashstate.spec.hf_config import spec_of
@@ -82,7 +88,8 @@ def simulate(
         replay = replace(replay, max_context=engines[0].max_model_len)
     source = SessionSource(sessions, replay.seed, replay.max_sessions)
     t0 = time.process_time()
-    run = SimReplay(replay, engines, loop, source, profile.request_overhead_for(replay.mode)).run()
+    overhead = profile.request_overhead_for(replay.mode)
+    run = SimReplay(replay, engines, loop, source, overhead, profile.chat).run()
     run.model = model or profile.model
     facts = profile.describe() | {
         "cache_plan": engines[0].plan.describe(),
@@ -167,23 +174,28 @@ def run_fit_profile(args: argparse.Namespace) -> int:
         base = load_profile(args.base)
         traces = [Path(t) for t in args.traces]
         out = Path(args.out)
-        overhead = None
+        overhead, server, client, mode = None, [], [], None
         if args.results:
             if len(args.results) != len(traces):
                 raise ValueError("--results: one bench result per step trace, in the same order")
-            server, client, modes = [], [], set()
+            modes = set()
             for trace, result in zip(traces, args.results, strict=True):
-                server += read_request_lines(trace)
+                server.append(read_request_lines(trace))
                 run = json.loads(Path(result).read_text())
                 client += run["requests"]
                 modes.add(run.get("replay", {}).get("mode", "completions"))
             if len(modes) > 1:
                 raise ValueError("--results: runs of one replay mode (chat prompts cost the server more)")
-            overhead = fit_request_overhead(server, client) | {"mode": modes.pop()}
-        doc = fitted_profile(
-            base, read_steps(traces), args.name or out.stem, [t.name for t in traces], overhead
-        )
+            mode = modes.pop()
+            overhead = fit_request_overhead([r for lines in server for r in lines], client) | {"mode": mode}
+        name, sources = args.name or out.stem, [t.name for t in traces]
+        doc = fitted_profile(base, read_steps(traces), name, sources, overhead, args.keep_steps)
         out.write_text(json.dumps(doc, indent=1) + "\n")
+        if mode == "chat":  # what a chat prompt costs beyond its tokens, against the step model just written
+            runs = [(read_steps([t]), lines) for t, lines in zip(traces, server, strict=True)]
+            doc["chat"] = fit_chat_costs(load_profile(str(out)), runs, client)
+            doc["provenance"] += "; chat costs from the same runs"
+            out.write_text(json.dumps(doc, indent=1) + "\n")
         load_profile(str(out))  # what was written loads
     except (ValueError, OSError) as e:
         print(f"flashstate fit-profile: error: {e}", file=sys.stderr)

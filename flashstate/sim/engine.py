@@ -141,6 +141,7 @@ class SimEngine:
         self._launched_ahead = False
         self.steps = 0
         self.busy_seconds = 0.0
+        self._pending_s = 0.0  # the engine thread's time outside the tier since the last step (add's)
         # `--step-trace`'s fields, in the order of bench.step_summary.STEP_FIELDS, and its request lines
         self.step_rows: list[tuple[float, float, int, int, int, int, int, int, int, bool]] = []
         self.request_rows: list[dict] = []
@@ -154,12 +155,16 @@ class SimEngine:
         on_first_token: Callable[[float], None] | None = None,
         on_finish: Callable[[float], None] | None = None,
         hint_positions: list[int] | None = None,
+        engine_seconds: float = 0.0,
     ) -> Sequence:
-        """Queue a request; raises RequestTooLargeError (a ValueError) when it can never run."""
+        """Queue a request; raises RequestTooLargeError (a ValueError) when it can never run.
+        `engine_seconds`: the engine thread's time the request took before it arrived (a chat prompt's
+        rendering), which the next step waits out."""
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
         seq = Sequence(request_id, list(prompt), params, stats=RequestStats(self._clock()))
         seq.hint_positions = sorted({p for p in hint_positions or [] if 0 < p <= len(prompt)})
         self.scheduler.add(seq)
+        self._pending_s += engine_seconds
         self._requests[id(seq)] = SimRequest(seq, on_first_token, on_finish, random.Random(seed))
         return seq
 
@@ -190,12 +195,18 @@ class SimEngine:
         self._launched_ahead = self.pipelines and decode_shaped(batch) and self._next_launches_ahead(batch)
         graphed = self.buckets is not None and self.buckets.bucket(batch) is not None
         fixed = self.graphed_step_s if graphed else self.prefill_step_s
-        seconds = step_seconds(batch, self.prefill, self.decode, fixed) + self._host_seconds()
+        seconds = step_seconds(batch, self.prefill, self.decode, fixed) + self._outside_seconds()
         self.steps += 1
         self.busy_seconds += seconds
         decode_graph = not self.config.enforce_eager and decode_shaped(batch)
         self._record(self._clock(), seconds, batch, graphed=graphed or decode_graph)
         return batch, seconds
+
+    def _outside_seconds(self) -> float:
+        """The engine thread's time outside the steps since the last one took it: the host tier's calls and
+        the chat prompts rendered meanwhile, which the step waits out."""
+        seconds, self._pending_s = self._host_seconds() + self._pending_s, 0.0
+        return seconds
 
     def _host_seconds(self) -> float:
         """The engine thread's time in the host tier's calls since the last step that took it (write-backs of

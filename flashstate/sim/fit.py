@@ -17,11 +17,14 @@ A request's overhead outside the engine (profile "request") is fitted from the s
 each client record is paired with the server's request line of the same prompt and cached length (pairs
 unique on both sides), and the client's TTFT less the server's (arrival to first token) is fitted as
 overhead_s + overhead_per_token_s · prompt tokens, leaving out the slowest 5% (stalls: a compile, a
-collection), which the model does not stand for.
+collection), which the model does not stand for. From chat-mode runs, the profile's "chat" section too
+(fit_chat_costs): the tokens the server's template adds to the text sent, and the engine thread's time per
+prompt token that a chat request costs while the server renders and tokenizes it.
 """
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 from pathlib import Path
@@ -170,18 +173,30 @@ def fit_steps(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _base_steps(base: Profile) -> dict[str, Any]:
+    """`base`'s step model in fit_steps' form."""
+    prefill = {"a": base.prefill.a, "b": base.prefill.b, "step_s": base.prefill_step_s}
+    if base.graphed_step_s is not None:
+        prefill |= {"graphed_step_s": base.graphed_step_s, "graphed_max_exports": base.graphed_max_exports}
+    d = base.decode
+    return {
+        "prefill": prefill,
+        "decode": {"base_s": d.base_s, "per_seq_s": d.per_seq_s, "per_token_s": d.per_token_s},
+    }
+
+
 def fitted_profile(
     base: Profile,
     rows: list[dict[str, Any]],
     name: str,
     sources: list[str],
     overhead: dict[str, Any] | None = None,
+    keep_steps: bool = False,
 ) -> dict[str, Any]:
-    """`base`'s memory and engine flags with the step model fitted from `rows` (and the request overhead
-    `overhead` from fit_request_overhead, with the replay "mode" of the runs it was fitted on, else base's):
-    a profile document."""
-    fit = fit_steps(rows)
-    quality = fit["fit"]
+    """`base`'s memory and engine flags with the step model fitted from `rows` (`keep_steps`: base's), the
+    request overhead `overhead` from fit_request_overhead (with the replay "mode" of the runs it was fitted
+    on; else base's) and base's chat costs (fit_chat_costs replaces them): a profile document."""
+    fit = _base_steps(base) if keep_steps else fit_steps(rows)
     o, c = base.request_overhead, base.chat_request_overhead
     request = {"overhead_s": o.base_s, "overhead_per_token_s": o.per_token_s}
     if c is not None:
@@ -202,15 +217,76 @@ def fitted_profile(
         "prefill": fit["prefill"],
         "decode": fit["decode"],
         "request": request,
-        "host": {"calls_in_steps": False},  # fitted without them (_own_seconds): the simulator charges them
-        "provenance": (
-            f"fitted by `flashstate fit-profile` from {quality['decode_steps']} pure-decode steps "
-            f"(R2 {quality['decode_r2']:.2f}) and {quality['prefill_steps']} steps with prefill, "
-            f"{quality['prefill_graphed_steps']} of them graphed (R2 {quality['prefill_r2']:.2f}) of "
-            f"{', '.join(sources)}; request overhead from {said}; memory and engine flags from profile "
-            f"{base.name}"
-        ),
+        "chat": {
+            "header_tokens": base.chat.header_tokens,
+            "per_message_tokens": base.chat.per_message_tokens,
+            "text_share": base.chat.text_share,
+            "engine_per_token_s": base.chat.engine_per_token_s,
+        },
+        "host": {"calls_in_steps": base.host_calls_in_steps if keep_steps else False},
+        "provenance": f"{_steps_said(fit, sources, base)}; request overhead from {said}; memory and engine "
+        f"flags from profile {base.name}",
     }
+
+
+def _steps_said(fit: dict[str, Any], sources: list[str], base: Profile) -> str:
+    if "fit" not in fit:
+        return f"step model of profile {base.name}"
+    q = fit["fit"]
+    return (
+        f"fitted by `flashstate fit-profile` from {q['decode_steps']} pure-decode steps "
+        f"(R2 {q['decode_r2']:.2f}) and {q['prefill_steps']} steps with prefill, "
+        f"{q['prefill_graphed_steps']} of them graphed (R2 {q['prefill_r2']:.2f}) of {', '.join(sources)}, "
+        "each less its host-tier calls"
+    )
+
+
+Rows = list[dict[str, Any]]
+
+
+def fit_chat_costs(profile: Profile, traces: list[tuple[Rows, Rows]], client: Rows) -> dict[str, float]:
+    """The profile's "chat" section from chat-mode runs: `traces` holds each run's (step rows, request lines),
+    `client` the runs' bench request records.
+
+    Template: a prompt's tokens on the server less the tokens of text sent, fitted as header_tokens +
+    text_share · sent + 2 · per_message_tokens · turn (each turn adds an answer and a new message).
+    Engine thread: each step's own time less the profile's price, fitted as k + c · (prompt tokens of the
+    requests reaching the engine during the step); c is engine_per_token_s."""
+    done = [r for r in client if r.get("error") is None and r.get("sent_tokens") is not None]
+    if len(done) < 20:
+        raise ValueError(f"chat costs: only {len(done)} answered requests in the results")
+    x = np.array([[1.0, r["sent_tokens"], r["turn"]] for r in done])
+    added = np.array([r["prompt_tokens"] - r["sent_tokens"] for r in done])
+    header, share, per_turn = _nonneg_lstsq(x, added)
+    xs, ys = [], []
+    for steps, requests in traces:
+        arrivals = sorted((r["arrival"], r["prompt_tokens"]) for r in requests)
+        times = [t for t, _ in arrivals]
+        reached = np.concatenate([[0.0], np.cumsum([n for _, n in arrivals])])
+        for r in steps:
+            lo, hi = bisect.bisect_left(times, r["t"]), bisect.bisect_left(times, r["t"] + r["ms"] / 1e3)
+            xs.append([1.0, reached[hi] - reached[lo]])
+            ys.append(_own_seconds(r) - _modelled(profile, r))
+    if not xs:
+        raise ValueError("chat costs: no steps in the traces")
+    engine = _nonneg_lstsq(np.array(xs), np.array(ys))[1]
+    return {
+        "header_tokens": round(float(header)),
+        "per_message_tokens": float(per_turn) / 2,
+        "text_share": float(share),
+        "engine_per_token_s": float(engine),
+    }
+
+
+def _modelled(profile: Profile, r: dict[str, Any]) -> float:
+    """A traced step's seconds as `profile`'s step model prices it."""
+    seconds = profile.decode(r["decode_seqs"], r["decode_context"])
+    if r["prefill_tokens"]:
+        p = profile.prefill
+        graphed = r.get("graphed") and profile.graphed_step_s is not None
+        fixed = profile.graphed_step_s if graphed else profile.prefill_step_s
+        seconds += fixed + p.a * r["prefill_tokens"] + p.b * r["prefill_pairs"]
+    return seconds
 
 
 def step_model_error(profile: Profile, rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -220,15 +296,6 @@ def step_model_error(profile: Profile, rows: list[dict[str, Any]]) -> dict[str, 
     other step_s (traces from before the field say nothing: eager). Measured is each step's own time
     unless the profile's steps hold the host tier's calls."""
 
-    def modelled(r: dict[str, Any]) -> float:
-        seconds = profile.decode(r["decode_seqs"], r["decode_context"])
-        if r["prefill_tokens"]:
-            p = profile.prefill
-            graphed = r.get("graphed") and profile.graphed_step_s is not None
-            fixed = profile.graphed_step_s if graphed else profile.prefill_step_s
-            seconds += fixed + p.a * r["prefill_tokens"] + p.b * r["prefill_pairs"]
-        return seconds
-
     kinds = {
         "decode": [r for r in rows if not r["prefill_tokens"] and r["decode_seqs"]],
         "prefill": [r for r in rows if r["prefill_tokens"]],
@@ -236,7 +303,7 @@ def step_model_error(profile: Profile, rows: list[dict[str, Any]]) -> dict[str, 
     out: dict[str, dict[str, float]] = {}
     for kind, picked in kinds.items():
         measured = sum(r["ms"] / 1e3 if profile.host_calls_in_steps else _own_seconds(r) for r in picked)
-        model = sum(modelled(r) for r in picked)
+        model = sum(_modelled(profile, r) for r in picked)
         out[kind] = {
             "steps": len(picked),
             "measured_s": measured,

@@ -21,6 +21,13 @@
                 "chat_overhead_per_token_s" (optional, both or neither): the same for a chat-mode replay,
                 whose server also renders the chat template and tokenizes the text (the token-mode terms
                 where absent),
+     "chat": {"header_tokens", "per_message_tokens", "text_share", "engine_per_token_s"}   (optional, all 0)
+                a chat-mode replay as the server sees it: its chat template adds header_tokens to a prompt
+                (system and tool definitions framed, the first turn's role markers), per_message_tokens to
+                each later message, and text_share more tokens per token of text (words read back by the
+                server's tokenizer); and rendering and tokenizing a chat prompt takes engine_per_token_s of
+                the engine thread per prompt token (the server's threads share one interpreter), which
+                the step after the request reaches its engine waits out,
      "host": {"calls_in_steps"}   (optional, false) true where the step model was fitted on a run with a host
                 tier with the engine thread's time in the tier's calls left in its steps (sim/host.py
                 charges that time to the steps otherwise; `fit-profile` takes it out since 2026-12-04),
@@ -72,6 +79,21 @@ class RequestOverhead:
 
 
 @dataclass(frozen=True, slots=True)
+class ChatCosts:
+    """What a chat-mode prompt costs beyond its token-mode replay (the profile's "chat" section)."""
+
+    header_tokens: int = 0
+    per_message_tokens: float = 0.0
+    text_share: float = 0.0
+    engine_per_token_s: float = 0.0
+
+    def template_tokens(self, text_tokens: int, first: bool) -> int:
+        """Tokens the template adds to a message of `text_tokens` (`first`: the prompt's first)."""
+        fixed = self.header_tokens if first else self.per_message_tokens
+        return int(fixed + self.text_share * text_tokens)
+
+
+@dataclass(frozen=True, slots=True)
 class Profile:
     name: str
     device: str
@@ -90,6 +112,7 @@ class Profile:
     request_overhead: RequestOverhead = RequestOverhead()
     host_calls_in_steps: bool = False
     chat_request_overhead: RequestOverhead | None = None
+    chat: ChatCosts = ChatCosts()
 
     def request_overhead_for(self, mode: str) -> RequestOverhead:
         """The request overhead of a replay in `mode` ("completions" or "chat")."""
@@ -125,6 +148,12 @@ class Profile:
             if (c := self.chat_request_overhead) is None
             else {"base_s": c.base_s, "per_token_s": c.per_token_s},
             "host_calls_in_steps": self.host_calls_in_steps,
+            "chat": {
+                "header_tokens": self.chat.header_tokens,
+                "per_message_tokens": self.chat.per_message_tokens,
+                "text_share": self.chat.text_share,
+                "engine_per_token_s": self.chat.engine_per_token_s,
+            },
             "provenance": self.provenance,
         }
 
@@ -188,6 +217,13 @@ def load_profile(name_or_path: str | None = None) -> Profile:
     chat = [_num(request, k, f"{where}.request", False) for k in chat_keys]
     if (chat[0] is None) != (chat[1] is None):
         raise ProfileError(f"{where}.request: chat_overhead_s and chat_overhead_per_token_s go together")
+    chat_doc = doc.get("chat") or {}
+    if not isinstance(chat_doc, dict):
+        raise ProfileError(f"{where}.chat: expected an object")
+    costs = ("header_tokens", "per_message_tokens", "text_share", "engine_per_token_s")
+    if unknown := sorted(set(chat_doc) - set(costs)):
+        raise ProfileError(f"{where}.chat: unknown field(s) {', '.join(unknown)} (known: {', '.join(costs)})")
+    header, per_message, share, engine = (_num(chat_doc, k, f"{where}.chat", False) or 0.0 for k in costs)
     host_doc = doc.get("host") or {}
     if not isinstance(host_doc, dict) or not isinstance(host_doc.get("calls_in_steps", False), bool):
         raise ProfileError(f"{where}.host: expected an object with a boolean calls_in_steps")
@@ -211,4 +247,5 @@ def load_profile(name_or_path: str | None = None) -> Profile:
         request_overhead=overhead,
         host_calls_in_steps=host_doc.get("calls_in_steps", False),
         chat_request_overhead=None if chat[0] is None else RequestOverhead(*chat),
+        chat=ChatCosts(int(header), per_message, share, engine),
     )

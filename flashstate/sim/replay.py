@@ -4,7 +4,9 @@ think times, window, drain and records, against SimEngines instead of a server.
 Differences from a measured run, by construction:
   - TTFT and e2e are engine times (queue + steps) plus the profile's request overhead (HTTP, the
     prompt's JSON, the server's event loop), by which a request reaches its engine after it is sent;
-  - chat mode sends token prompts with checkpoint hints at segment ends (no chat template tokens); of an
+  - chat mode sends token prompts with checkpoint hints at segment ends; the profile's chat costs stand for
+    the server's template (tokens added to each message, fixed per segment so a later turn re-sends them
+    unchanged) and for the engine thread's share in rendering and tokenizing it; of an
     answer the trace marks `thinking`, the first `chat_thinking_share` of the generated ids stands for
     the reasoning and is not re-sent (bench/chat.py cuts the text the same way), so the next prompt
     leaves the previous turn's path at its prompt's end, as it does through a chat template;
@@ -28,6 +30,7 @@ from flashstate.bench.workloads import Session
 from flashstate.engine.scheduler import RequestTooLargeError
 from flashstate.sim.engine import SimEngine
 from flashstate.sim.events import EventLoop, Join, Process, Sleep, Wait
+from flashstate.sim.profile import ChatCosts
 
 
 class ByteBlockTokens(BlockTokens):
@@ -57,6 +60,15 @@ def _stable_seed(*key: Any) -> int:
     return int.from_bytes(hashlib.blake2b(repr(key).encode(), digest_size=8).digest(), "little")
 
 
+def _template_ids(text: list[int], n: int) -> list[int]:
+    """`n` ids standing for what a chat template adds to a message of `text`: a function of the message
+    alone, so the same message re-sent in a later turn is the same tokens."""
+    if n <= 0:
+        return []
+    rng = random.Random(hash((len(text), *text[:64])))  # an int tuple's hash is the same in every process
+    return [rng.randrange(256) for _ in range(n)]
+
+
 def route(sid: str, num_engines: int) -> int:
     """Session affinity: the engine of a top-level session (and its sub-agents)."""
     if num_engines == 1:
@@ -73,9 +85,11 @@ class SimReplay:
         loop: EventLoop,
         source: SessionSource,
         overhead: Callable[[int], float] | None = None,
+        chat: ChatCosts | None = None,
     ):
         self.config = config
         self.overhead = overhead  # prompt tokens → seconds from send to the engine (None: none)
+        self.chat = chat or ChatCosts()  # chat mode's template tokens and engine-thread time
         self.engines = engines
         self.loop = loop
         self.source = source
@@ -160,14 +174,18 @@ class SimReplay:
         if self._sent >= cfg.max_requests:
             self._stop()
         prompt: list[int] = []
-        for s in context:
-            prompt.extend(s.ids)
-        hints = None
+        hints, engine_s = None, 0.0
         if cfg.mode == "chat":
-            hints, n = [], 0
+            hints = []
+            for i, s in enumerate(context):
+                prompt.extend(s.ids)
+                prompt.extend(_template_ids(s.ids, self.chat.template_tokens(len(s.ids), i == 0)))
+                hints.append(len(prompt))
+            engine_s = self.chat.engine_per_token_s * len(prompt)
+        else:
             for s in context:
-                n += len(s.ids)
-                hints.append(n)
+                prompt.extend(s.ids)
+        sent = context_len(context)
         t_send = self.loop.now
         e = route(sid, len(self.engines))
         first: list[float] = []
@@ -185,7 +203,7 @@ class SimReplay:
                     prompt_tokens=len(prompt),
                     cached_tokens=seq.stats.num_cached_tokens if seq is not None else 0,
                     output_tokens=(len(seq.token_ids) - seq.num_prompt_tokens) if seq is not None else 0,
-                    sent_tokens=len(prompt),
+                    sent_tokens=sent,
                     target_tokens=target,
                     max_tokens=max_tokens,
                     echoed=error is None,
@@ -212,6 +230,7 @@ class SimReplay:
                     on_first_token=first.append,
                     on_finish=finished,
                     hint_positions=hints,
+                    engine_seconds=engine_s,
                 )
             except RequestTooLargeError as err:
                 self._inflight -= 1

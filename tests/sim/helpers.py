@@ -31,7 +31,7 @@ def run(
         e.decode_runs = decode_runs
     cfg = replace(cfg, max_context=engines[0].max_model_len)
     source = SessionSource(sessions, cfg.seed, cfg.max_sessions)
-    result = SimReplay(cfg, engines, loop, source, profile.request_overhead).run()
+    result = SimReplay(cfg, engines, loop, source, profile.request_overhead_for(cfg.mode), profile.chat).run()
     return result, engines
 
 

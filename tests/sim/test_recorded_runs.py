@@ -84,7 +84,8 @@ def _simulate(run: Path, profile: str, policies: str, out: Path, extra: tuple[st
         "--warmup", str(r["warmup_s"]), "--duration", str(r["duration_s"]), "--drain", str(r["drain_s"]),
         "--length-scale", str(r["length_scale"]), "--max-context", str(r["max_context"]),
         "--time-scale", str(r["time_scale"]), "--max-think-time", str(r["max_think_s"]),
-        "--max-output-tokens", str(r["max_output_tokens"]), "--no-progress", "--out", str(out),
+        "--max-output-tokens", str(r["max_output_tokens"]), "--mode", r.get("mode", "completions"),
+        "--no-progress", "--out", str(out),
     ])  # fmt: skip
     assert rc == 0
     return out
@@ -158,3 +159,14 @@ def test_the_rough_real_size_profile_predicts_the_real_size_run(traces, tmp_path
     got = json.loads((out / "result-vllm.json").read_text())["summary"]
     tpm, want = got["output_tpm"], _result(REAL_SIZE_RUN, "vllm")["summary"]["output_tpm"]
     assert abs(tpm / want - 1) <= TOLERANCE, (tpm, want)
+
+
+def test_the_tune_profile_with_chat_costs_predicts_the_chat_run(traces, tmp_path):
+    """flashstate + 64G host tier, chat mode, 17G (2026-12-04), on the tune profile whose chat costs (template
+    tokens, the engine thread's time per chat prompt token) were fitted on the chat runs of 2026-12-03: hit
+    rate, uncached p50 and throughput within 15%; TTFT not (RESULTS.md: p50 -17%, p90 -33%)."""
+    run = RESULTS / "card-2026-12-04" / "chat-17G-flashstate-host"
+    extra = ("--host-cache memory", "--host-cache-bytes 64G")
+    out = _simulate(run, TUNE_PROFILE, "flashstate", tmp_path, extra, traces)
+    got = json.loads((out / "result-flashstate.json").read_text())["summary"]
+    _assert_close(got, _result(run)["summary"], "output TPM", "uncached p50")

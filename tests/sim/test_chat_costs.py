@@ -1,0 +1,77 @@
+"""Chat mode beyond its tokens (the profile's "chat" section): the server's template adds tokens to each
+message, the same ones when a later turn re-sends the message, and rendering a chat prompt takes the engine
+thread's time, which the next step waits out; `fit-profile` fits both from chat-mode runs."""
+
+import json
+
+import pytest
+
+from flashstate.sim.fit import fit_chat_costs
+from flashstate.sim.profile import PROFILES_DIR, ProfileError, load_profile
+
+from .helpers import growing, run
+
+FLAGS = ["--kv-cache-memory-bytes", "4G"]
+
+
+def _profile(tmp_path, **chat) -> str:
+    """The tune profile with `chat` as its chat costs (none given: none)."""
+    doc = json.loads((PROFILES_DIR / "h200-qwen3-next-2b-tune.json").read_text())
+    doc["chat"] = chat
+    path = tmp_path / f"chat-{len(list(tmp_path.glob('chat-*')))}.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def test_chat_prompts_carry_the_templates_tokens_and_later_turns_reuse_them(tmp_path):
+    path = _profile(tmp_path, header_tokens=100, per_message_tokens=5, text_share=0.05)
+    costs = load_profile(path).chat
+    sessions = [growing("s", turns=3, first=2000, step=700, out=40, think=0.5)]
+    plain, _ = run(sessions, "flashstate", FLAGS, profile=_profile(tmp_path), mode="chat")
+    templated, _ = run(sessions, "flashstate", FLAGS, profile=path, mode="chat")
+    first = templated.requests[0]
+    assert [r.sent_tokens for r in templated.requests] == [r.prompt_tokens for r in plain.requests]
+    assert first.prompt_tokens - first.sent_tokens == costs.template_tokens(first.sent_tokens, True)
+    added = [r.prompt_tokens - r.sent_tokens for r in templated.requests]
+    assert added[0] < added[1] < added[2]  # each turn's answer and new message bring their own
+    # earlier turns' template tokens are re-sent as they were: cached up to the last prompt's last block
+    for before, after in zip(templated.requests, templated.requests[1:], strict=False):
+        assert after.cached_tokens >= before.prompt_tokens - 64
+
+
+def test_a_chat_prompts_engine_time_is_waited_out(tmp_path):
+    path = _profile(tmp_path, engine_per_token_s=1e-5)
+    session = [growing("s", turns=1, first=3000, step=0)]
+    (plain,), (slow,) = (run(session, "flashstate", FLAGS, profile=p, mode="chat")[0].requests
+                         for p in (_profile(tmp_path), path))  # fmt: skip
+    assert slow.ttft - plain.ttft == pytest.approx(1e-5 * 3000)
+    token_mode, _ = run(session, "flashstate", FLAGS, profile=path)  # token prompts are not rendered
+    assert token_mode.requests[0].ttft < slow.ttft
+
+
+def test_the_fit_recovers_the_chat_costs():
+    profile = load_profile("h200-qwen3-next-2b-tune")
+    client = [
+        {"turn": t, "sent_tokens": n, "prompt_tokens": n + 300 + int(0.03 * n) + 2 * 8 * t, "error": None}
+        for t in range(6)
+        for n in (2000, 9000, 17000, 30000)
+    ]
+    steps, requests, t = [], [], 0.0
+    for i in range(200):  # decode steps back to back; every third one sees a prompt of 1,000·i tokens arrive
+        arriving = 1000 * i if i % 3 == 0 else 0
+        seconds = profile.decode(8, 8000) + 4e-7 * arriving
+        steps.append({"t": t, "ms": 1e3 * seconds, "prefill_tokens": 0, "prefill_pairs": 0, "decode_seqs": 8,
+                      "decode_context": 8000})  # fmt: skip
+        if arriving:
+            requests.append({"arrival": t + seconds / 2, "prompt_tokens": arriving})
+        t += seconds
+    costs = fit_chat_costs(profile, [(steps, requests)], client)
+    assert costs["header_tokens"] == pytest.approx(300, abs=2)
+    assert costs["per_message_tokens"] == pytest.approx(8, rel=0.02)
+    assert costs["text_share"] == pytest.approx(0.03, rel=0.02)
+    assert costs["engine_per_token_s"] == pytest.approx(4e-7, rel=1e-6)
+
+
+def test_an_unknown_chat_field_is_refused(tmp_path):
+    with pytest.raises(ProfileError, match=r"chat: unknown field\(s\) header"):
+        load_profile(_profile(tmp_path, header=3))
