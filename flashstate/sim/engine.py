@@ -141,7 +141,7 @@ class SimEngine:
         self._launched_ahead = False
         self.steps = 0
         self.busy_seconds = 0.0
-        self._pending_s = 0.0  # the engine thread's time outside the tier since the last step (add's)
+        self._pending_s = 0.0  # the engine thread's time on requests added since the last step (add's)
         # `--step-trace`'s fields, in the order of bench.step_summary.STEP_FIELDS, and its request lines
         self.step_rows: list[tuple[float, float, int, int, int, int, int, int, int, bool]] = []
         self.request_rows: list[dict] = []

@@ -27,6 +27,7 @@ from __future__ import annotations
 import bisect
 import gzip
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ import numpy as np
 
 from flashstate.sim.profile import PROFILE_SCHEMA, Profile
 
+Rows = list[dict[str, Any]]
 NEEDED = ("ms", "prefill_tokens", "decode_seqs", "prefill_pairs", "decode_context")
 
 
@@ -217,12 +219,7 @@ def fitted_profile(
         "prefill": fit["prefill"],
         "decode": fit["decode"],
         "request": request,
-        "chat": {
-            "header_tokens": base.chat.header_tokens,
-            "per_message_tokens": base.chat.per_message_tokens,
-            "text_share": base.chat.text_share,
-            "engine_per_token_s": base.chat.engine_per_token_s,
-        },
+        "chat": asdict(base.chat),
         "host": {"calls_in_steps": base.host_calls_in_steps if keep_steps else False},
         "provenance": f"{_steps_said(fit, sources, base)}; request overhead from {said}; memory and engine "
         f"flags from profile {base.name}",
@@ -230,6 +227,7 @@ def fitted_profile(
 
 
 def _steps_said(fit: dict[str, Any], sources: list[str], base: Profile) -> str:
+    """Where a profile's step model comes from, for its provenance."""
     if "fit" not in fit:
         return f"step model of profile {base.name}"
     q = fit["fit"]
@@ -239,9 +237,6 @@ def _steps_said(fit: dict[str, Any], sources: list[str], base: Profile) -> str:
         f"{q['prefill_graphed_steps']} of them graphed (R2 {q['prefill_r2']:.2f}) of {', '.join(sources)}, "
         "each less its host-tier calls"
     )
-
-
-Rows = list[dict[str, Any]]
 
 
 def fit_chat_costs(profile: Profile, traces: list[tuple[Rows, Rows]], client: Rows) -> dict[str, float]:

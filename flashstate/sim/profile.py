@@ -41,7 +41,7 @@ decodes, the decode step time of its decoding sequences.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -148,12 +148,7 @@ class Profile:
             if (c := self.chat_request_overhead) is None
             else {"base_s": c.base_s, "per_token_s": c.per_token_s},
             "host_calls_in_steps": self.host_calls_in_steps,
-            "chat": {
-                "header_tokens": self.chat.header_tokens,
-                "per_message_tokens": self.chat.per_message_tokens,
-                "text_share": self.chat.text_share,
-                "engine_per_token_s": self.chat.engine_per_token_s,
-            },
+            "chat": asdict(self.chat),
             "provenance": self.provenance,
         }
 

@@ -174,17 +174,13 @@ class SimReplay:
         if self._sent >= cfg.max_requests:
             self._stop()
         prompt: list[int] = []
-        hints, engine_s = None, 0.0
-        if cfg.mode == "chat":
-            hints = []
-            for i, s in enumerate(context):
-                prompt.extend(s.ids)
+        hints: list[int] | None = [] if cfg.mode == "chat" else None  # chat mode: each message's end
+        for i, s in enumerate(context):
+            prompt.extend(s.ids)
+            if hints is not None:
                 prompt.extend(_template_ids(s.ids, self.chat.template_tokens(len(s.ids), i == 0)))
                 hints.append(len(prompt))
-            engine_s = self.chat.engine_per_token_s * len(prompt)
-        else:
-            for s in context:
-                prompt.extend(s.ids)
+        engine_s = self.chat.engine_per_token_s * len(prompt) if hints is not None else 0.0
         sent = context_len(context)
         t_send = self.loop.now
         e = route(sid, len(self.engines))
