@@ -283,8 +283,9 @@ def plots(results: dict[str, dict[str, Any]], out_dir: Path) -> list[Path]:
             for r in results[k]["requests"]
             if r["error"] is None and r["ttft"] is not None and start <= r["t_send"] < end
         )
-        if ttft:
-            ax.plot(ttft, np.arange(1, len(ttft) + 1) / len(ttft), label=k, drawstyle="steps-post")
+        if ttft:  # a run of a few requests draws them as points too (one alone draws no line)
+            ax.plot(ttft, np.arange(1, len(ttft) + 1) / len(ttft), label=k, drawstyle="steps-post",
+                    marker="o" if len(ttft) < 10 else None)  # fmt: skip
     ax.set_xscale("log")
     ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
