@@ -101,8 +101,8 @@ def simulated(traces, tmp_path_factory):
 
 @pytest.mark.parametrize("policy", ["vllm"])
 def test_the_simulator_reproduces_the_recorded_run(simulated, policy):
-    got = json.loads((simulated / f"result-{policy}.json").read_text())["summary"]
-    want = json.loads((RUN / f"result-{policy}.json").read_text())["summary"]
+    got = _result(simulated, policy)["summary"]
+    want = _result(RUN, policy)["summary"]
     _assert_close(got, want, "TTFT p50", "TTFT p90", "output TPM")
 
 
@@ -115,8 +115,8 @@ def test_the_graphed_profile_prices_its_runs_steps_within_15_percent():
 
 def test_the_simulator_reproduces_the_run_with_the_cold_reserve_and_exporting_graphs(traces, tmp_path):
     out = _simulate(GRAPHED_RUN, GRAPHED_PROFILE, "flashstate", tmp_path, (), traces)
-    got = json.loads((out / "result-flashstate.json").read_text())["summary"]
-    want = json.loads((GRAPHED_RUN / "result-flashstate.json").read_text())["summary"]
+    got = _result(out, "flashstate")["summary"]
+    want = _result(GRAPHED_RUN, "flashstate")["summary"]
     # TTFT p90 is left out: on the card it sits where the 9% cold requests begin (p88 0.30 s, p92 16 s),
     # so a point of cold share moves it by half (simulated 8%: -25%; RESULTS.md)
     _assert_close(got, want, "TTFT p50", "output TPM", "uncached p50")
@@ -129,8 +129,8 @@ def test_the_host_profile_reproduces_the_other_host_tier_run(traces, tmp_path):
     slower than the model)."""
     extra = ("--host-cache memory", "--host-cache-bytes 64G", "--mamba-fallback-checkpoints off")
     out = _simulate(HOST_RUN, HOST_PROFILE, "flashstate", tmp_path, extra, traces)
-    got = json.loads((out / "result-flashstate.json").read_text())["summary"]
-    want = json.loads((HOST_RUN / "result-flashstate-host-off.json").read_text())["summary"]
+    got = _result(out, "flashstate")["summary"]
+    want = _result(HOST_RUN, "flashstate-host-off")["summary"]
     _assert_close(got, want, "output TPM", "uncached p50")
 
 
@@ -143,7 +143,7 @@ def test_the_profile_fitted_on_the_tune_half_predicts_the_validate_half(traces, 
     extra = ("--host-cache memory", "--host-cache-bytes 64G") if policy == "flashstate-host" else ()
     simulated = policy.removesuffix("-host")
     out = _simulate(run, TUNE_PROFILE, simulated, tmp_path, extra, traces)
-    got = json.loads((out / f"result-{simulated}.json").read_text())["summary"]
+    got = _result(out, simulated)["summary"]
     _assert_close(got, _result(run)["summary"], *METRICS)
 
 
@@ -153,10 +153,10 @@ def test_the_rough_real_size_profile_predicts_the_real_size_run(traces, tmp_path
     throughput and uncached p50; vllm answered one request in the window, so its throughput alone."""
     extra = ("--host-cache memory", "--host-cache-bytes 64G")
     out = _simulate(REAL_SIZE_RUN, str(REAL_SIZE_PROFILE), "flashstate", tmp_path / "fs", extra, traces)
-    got = json.loads((out / "result-flashstate.json").read_text())["summary"]
+    got = _result(out, "flashstate")["summary"]
     _assert_close(got, _result(REAL_SIZE_RUN, "flashstate-host")["summary"], *METRICS)
     out = _simulate(REAL_SIZE_RUN, str(REAL_SIZE_PROFILE), "vllm", tmp_path / "vllm", (), traces)
-    got = json.loads((out / "result-vllm.json").read_text())["summary"]
+    got = _result(out, "vllm")["summary"]
     tpm, want = got["output_tpm"], _result(REAL_SIZE_RUN, "vllm")["summary"]["output_tpm"]
     assert abs(tpm / want - 1) <= TOLERANCE, (tpm, want)
 
@@ -168,5 +168,5 @@ def test_the_tune_profile_with_chat_costs_predicts_the_chat_run(traces, tmp_path
     run = RESULTS / "card-2026-12-04" / "chat-17G-flashstate-host"
     extra = ("--host-cache memory", "--host-cache-bytes 64G")
     out = _simulate(run, TUNE_PROFILE, "flashstate", tmp_path, extra, traces)
-    got = json.loads((out / "result-flashstate.json").read_text())["summary"]
+    got = _result(out, "flashstate")["summary"]
     _assert_close(got, _result(run)["summary"], "output TPM", "uncached p50")
