@@ -1,6 +1,6 @@
 """Budget curves on the simulator (issues 9, 32): N agents replaying the real Claude-Code traces, cache
 budgets stated as fractions of their working set, every policy → hit rate, uncached p50, TTFT, output TPM
-and completed agents against the fraction; curves and a table.
+and completed agents against the fraction; curves (one plot per metric) and a table.
 
     PYTHONPATH=. python benchmarks/sim_scale_study.py --agents 48 256 \
         --out benchmarks/results/sim-scale-2026-11-29
@@ -144,6 +144,16 @@ def turn_split(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# the reference's Fig. 6: each metric against the budget, one line per policy (metric, axis label, log scale)
+PLOTS = (
+    ("hit_rate", "token hit rate (%)", False),
+    ("uncached_p50", "uncached tokens / request, p50", True),
+    ("ttft_p90", "p90 TTFT (s)", True),
+    ("output_tpm", "output tokens / min", False),
+    ("completed_agents", "completed agents", False),
+)
+
+
 def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
     import matplotlib
 
@@ -151,7 +161,7 @@ def plot(rows: list[dict[str, Any]], out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     paths = []
-    for metric, label, log in (("hit_rate", "token hit rate (%)", False), ("ttft_p90", "p90 TTFT (s)", True)):
+    for metric, label, log in PLOTS:
         agents = sorted({r["agents"] for r in rows})
         fig, axes = plt.subplots(1, len(agents), figsize=(5 * len(agents), 3.8), squeeze=False)
         for ax, n in zip(axes[0], agents, strict=True):
@@ -234,7 +244,13 @@ def main() -> int:
     p.add_argument("--max-output-tokens", type=int, default=None)
     p.add_argument("--trace-split", default=None, choices=["tune", "validate"])
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/sim-scale-2026-11-29"))
+    p.add_argument("--plot-only", action="store_true", help="redraw --out's plots and table (its scale.json)")
     args = p.parse_args()
+    if args.plot_only:
+        rows = json.loads((args.out / "scale.json").read_text())["rows"]
+        plot(rows, args.out)
+        print(table(rows))
+        return 0
     if args.host_cache_bytes is not None and "flashstate-host" not in args.policies:
         p.error("--host-cache-bytes sizes flashstate-host's host tier: add flashstate-host to --policies")
     scale = {
