@@ -208,5 +208,14 @@ def run_fit_profile(args: argparse.Namespace) -> int:
         + (f" ({1e3 * p['graphed_step_s']:.1f} ms graphed)" if "graphed_step_s" in p else "")
         + f"; request overhead {1e3 * doc['request']['overhead_s']:.1f} ms + "
         f"{1e9 * doc['request']['overhead_per_token_s']:.0f} ns/prompt token"
+        + (_chat_said(doc["chat"]) if mode == "chat" else "")
     )
     return 0
+
+
+def _chat_said(c: dict[str, Any]) -> str:
+    return (
+        f"; chat: template {c['header_tokens']} + {c['per_message_tokens']:.1f}/message + "
+        f"{100 * c['text_share']:.1f}% of the text, {1e9 * c['engine_per_token_s']:.0f} ns of the engine "
+        "thread/prompt token"
+    )

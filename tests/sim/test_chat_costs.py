@@ -3,9 +3,11 @@ message, the same ones when a later turn re-sends the message, and rendering a c
 thread's time, which the next step waits out; `fit-profile` fits both from chat-mode runs."""
 
 import json
+from pathlib import Path
 
 import pytest
 
+from flashstate.cli import main
 from flashstate.sim.fit import fit_chat_costs
 from flashstate.sim.profile import PROFILES_DIR, ProfileError, load_profile
 
@@ -75,3 +77,21 @@ def test_the_fit_recovers_the_chat_costs():
 def test_an_unknown_chat_field_is_refused(tmp_path):
     with pytest.raises(ProfileError, match=r"chat: unknown field\(s\) header"):
         load_profile(_profile(tmp_path, header=3))
+
+
+def test_fit_profile_fits_the_chat_costs_of_a_recorded_chat_run(tmp_path, capsys):
+    """`fit-profile --keep-steps` on a card's chat-mode run (2026-12-03, vllm): the base's step model kept,
+    the chat section fitted from the run."""
+    run = Path(__file__).resolve().parents[2] / "benchmarks/results/same-sessions-2026-12-03/chat-vllm"
+    out = tmp_path / "p.json"
+    args = ["fit-profile", str(run / "steps-vllm.jsonl.gz"), "--results", str(run / "result-vllm.json")]
+    assert main([*args, "--base", "h200-qwen3-next-2b-tune", "--keep-steps", "--out", str(out)]) == 0
+    assert "; chat: template" in capsys.readouterr().out
+    fitted, base = load_profile(str(out)), load_profile("h200-qwen3-next-2b-tune")
+    assert (fitted.prefill.a, fitted.decode, fitted.graphed_step_s) == (
+        base.prefill.a,
+        base.decode,
+        base.graphed_step_s,
+    )
+    assert 200 < fitted.chat.header_tokens < 450 and 0.01 < fitted.chat.text_share < 0.05
+    assert fitted.chat.engine_per_token_s > 0
