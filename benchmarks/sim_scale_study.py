@@ -247,6 +247,9 @@ def main() -> int:
     p.add_argument("--plot-only", action="store_true", help="redraw --out's plots and table (its scale.json)")
     args = p.parse_args()
     if args.plot_only:
+        kept = ("--plot-only", "--out")
+        if others := [a for a in sys.argv[1:] if a.startswith("--") and a.split("=")[0] not in kept]:
+            p.error(f"--plot-only redraws a finished study: {', '.join(others)} would change nothing")
         rows = json.loads((args.out / "scale.json").read_text())["rows"]
         plot(rows, args.out)
         print(table(rows))

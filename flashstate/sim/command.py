@@ -174,6 +174,9 @@ def run_fit_profile(args: argparse.Namespace) -> int:
         base = load_profile(args.base)
         traces = [Path(t) for t in args.traces]
         out = Path(args.out)
+        if args.keep_steps and not args.results:
+            raise ValueError("--keep-steps keeps --base's step model and fits what --results give: name them")
+        steps = [read_steps([t]) for t in traces]  # each trace read once, for the step model and chat costs
         overhead, server, client, mode = None, [], [], None
         if args.results:
             if len(args.results) != len(traces):
@@ -188,11 +191,11 @@ def run_fit_profile(args: argparse.Namespace) -> int:
                 raise ValueError("--results: runs of one replay mode (chat prompts cost the server more)")
             mode = modes.pop()
             overhead = fit_request_overhead([r for lines in server for r in lines], client) | {"mode": mode}
-        name, sources = args.name or out.stem, [t.name for t in traces]
-        doc = fitted_profile(base, read_steps(traces), name, sources, overhead, args.keep_steps)
+        name, sources, rows = args.name or out.stem, [t.name for t in traces], [r for rs in steps for r in rs]
+        doc = fitted_profile(base, rows, name, sources, overhead, args.keep_steps)
         out.write_text(json.dumps(doc, indent=1) + "\n")
         if mode == "chat":  # what a chat prompt costs beyond its tokens, against the step model just written
-            runs = [(read_steps([t]), lines) for t, lines in zip(traces, server, strict=True)]
+            runs = list(zip(steps, server, strict=True))
             doc["chat"] = fit_chat_costs(load_profile(str(out)), runs, client)
             doc["provenance"] += "; chat costs from the same runs"
             out.write_text(json.dumps(doc, indent=1) + "\n")

@@ -41,7 +41,7 @@ decodes, the decode step time of its decoding sequences.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -215,7 +215,7 @@ def load_profile(name_or_path: str | None = None) -> Profile:
     chat_doc = doc.get("chat") or {}
     if not isinstance(chat_doc, dict):
         raise ProfileError(f"{where}.chat: expected an object")
-    costs = ("header_tokens", "per_message_tokens", "text_share", "engine_per_token_s")
+    costs = [f.name for f in fields(ChatCosts)]
     if unknown := sorted(set(chat_doc) - set(costs)):
         raise ProfileError(f"{where}.chat: unknown field(s) {', '.join(unknown)} (known: {', '.join(costs)})")
     header, per_message, share, engine = (_num(chat_doc, k, f"{where}.chat", False) or 0.0 for k in costs)

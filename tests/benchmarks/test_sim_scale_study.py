@@ -32,3 +32,14 @@ def test_plot_only_redraws_every_curve_from_the_saved_rows(tmp_path):
         f"{m}.png" for m in ("hit_rate", "uncached_p50", "ttft_p90", "output_tpm", "completed_agents")
     }
     assert "| 48 | 1 | 100% | 20.0 GB | vllm |" in done.stdout
+
+
+def test_plot_only_refuses_the_flags_of_a_run(tmp_path):
+    (tmp_path / "scale.json").write_text(json.dumps({"rows": [_row(0.5, "vllm", 500.0)]}))
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/sim_scale_study.py"), "--plot-only", "--out", str(tmp_path),
+         "--agents", "96"],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 2 and "--agents would change nothing" in done.stderr
+    assert not list(tmp_path.glob("*.png"))

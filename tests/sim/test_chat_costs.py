@@ -95,3 +95,12 @@ def test_fit_profile_fits_the_chat_costs_of_a_recorded_chat_run(tmp_path, capsys
     )
     assert 200 < fitted.chat.header_tokens < 450 and 0.01 < fitted.chat.text_share < 0.05
     assert fitted.chat.engine_per_token_s > 0
+
+
+def test_keep_steps_without_results_is_refused(tmp_path, capsys):
+    trace = (
+        Path(__file__).resolve().parents[2]
+        / "benchmarks/results/same-sessions-2026-12-03/chat-vllm/steps-vllm.jsonl.gz"
+    )
+    assert main(["fit-profile", str(trace), "--keep-steps", "--out", str(tmp_path / "p.json")]) == 2
+    assert "--keep-steps" in capsys.readouterr().err and not (tmp_path / "p.json").exists()
