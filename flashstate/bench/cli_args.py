@@ -222,7 +222,15 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     report = bsub.add_parser(
         "report", help="one report (tables, compare.json, plots) over result files of separate runs"
     )
-    report.add_argument("results", nargs="+", help="result-<label>.json files, or directories holding them")
+    report.add_argument(
+        "results", nargs="+", help="result-<label>.json files (or .json.gz), or directories holding them"
+    )
+    report.add_argument(
+        "--whole-run",
+        action="store_true",
+        help="read every run over its whole length (first send to the drain's end, warm-up included), "
+        "not its measured window: for runs whose window holds too few answered requests",
+    )
     report.add_argument("--reference", help="run the ratios are against (default: vllm, else the last)")
     report.add_argument("--title", default="flashstate bench report")
     report.add_argument("--out", required=True, help="output directory")

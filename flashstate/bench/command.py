@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gzip
 import json
 import logging
 import shlex
@@ -23,7 +24,7 @@ from flashstate.bench.config import ReplayConfig
 from flashstate.bench.cost import Prices
 from flashstate.bench.prompts import auto_length_scale
 from flashstate.bench.replay import replay
-from flashstate.bench.report import RESULT_SCHEMA, build_result, markdown, write_report
+from flashstate.bench.report import RESULT_SCHEMA, build_result, markdown, over_whole_run, write_report
 from flashstate.bench.synthetic_defaults import DEFAULT as SYNTHETIC_DEFAULT
 from flashstate.bench.workloads import Session, WorkloadError, load_workload, trace_format
 from flashstate.config import CACHE_POLICIES
@@ -226,12 +227,12 @@ def _report(args: argparse.Namespace) -> int:
         if not files:
             raise ValueError(f"no result-*.json in {given}")
         for f in files:
-            doc = json.loads(f.read_text())
+            doc = json.loads(gzip.decompress(f.read_bytes()) if f.suffix == ".gz" else f.read_text())
             if doc.get("schema") != RESULT_SCHEMA:
                 raise ValueError(f"{f} is not a flashstate bench result (schema {doc.get('schema')!r})")
             if doc["label"] in results:
                 raise ValueError(f"two results are labelled {doc['label']!r}")
-            results[doc["label"]] = doc
+            results[doc["label"]] = over_whole_run(doc) if args.whole_run else doc
     names = list(results)
     reference = args.reference or ("vllm" if "vllm" in names else names[-1])
     if reference not in names:
@@ -240,15 +241,16 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _result_files(given: Path) -> list[Path]:
-    """A result file, or a run directory's result files in its compare.json's order (else by name)."""
+    """A result file, or a run directory's result files (result-*.json, or gzipped) in its compare.json's
+    order (else by name)."""
     if not given.is_dir():
         return [given]
-    files = sorted(given.glob("result-*.json"))
+    files = sorted([*given.glob("result-*.json"), *given.glob("result-*.json.gz")])
     compare = given / "compare.json"
     if compare.exists():
         order = json.loads(compare.read_text()).get("policies", [])
         rank = {f"result-{p}.json": i for i, p in enumerate(order)}
-        files.sort(key=lambda f: rank.get(f.name, len(rank)))
+        files.sort(key=lambda f: rank.get(f.name.removesuffix(".gz"), len(rank)))
     return files
 
 

@@ -8,7 +8,8 @@ Result JSON (`schema: flashstate.bench.result/1`):
     scale            {length_scale, length_scale_auto, max_context, time_scale, max_think_s,
                       max_output_tokens}
     replay           ReplayConfig as run (agents, warmup_s, duration_s, mode, ...)
-    summary          metrics.summarize over the measured window
+    summary          metrics.summarize over the measured window (`bench report --whole-run`: over the
+                     whole run, with `window: "whole run"` set)
     cost             cost.cost_view
     server_metrics   {before, after, delta} of /metrics samples (None: no /metrics), and
                      cross_check {client_cached_tokens, server_cached_tokens, equal}
@@ -30,7 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from flashstate.bench.cost import Prices, cost_view
-from flashstate.bench.metrics import metrics_delta, output_timeline, server_sum, summarize
+from flashstate.bench.metrics import (
+    RequestRecord,
+    SessionRecord,
+    metrics_delta,
+    output_timeline,
+    server_sum,
+    summarize,
+)
 from flashstate.bench.replay import ReplayResult
 
 RESULT_SCHEMA = "flashstate.bench.result/1"
@@ -90,6 +98,24 @@ def build_result(
         },
         "requests": [r.as_dict() for r in run.requests],
         "sessions": [s.as_dict() for s in run.sessions],
+    }
+
+
+def over_whole_run(result: dict[str, Any]) -> dict[str, Any]:
+    """The result read over the whole run instead of its window: every request from the first send to the
+    drain's end, warm-up included, by the same rule for every run. For runs whose window holds too few
+    answered requests to read (a real-size model's re-prefills take minutes each)."""
+    requests = [RequestRecord(**d) for d in result["requests"]]
+    sessions = [SessionRecord(**d) for d in result["sessions"]]
+    end, gpus = result["wall_s"], result["replay"].get("num_gpus", 1)
+    summary = summarize(requests, sessions, 0.0, end, gpus)
+    summary["cut_requests"] = result["summary"].get("cut_requests")
+    doc = {k: v for k, v in result.items() if k != "rounds"}  # rounds keep only their windows' summaries
+    return doc | {
+        "window": "whole run",
+        "summary": summary,
+        "cost": cost_view(requests, sessions, 0.0, end, Prices(**result["cost"]["prices"]), gpus),
+        "timeline": result["timeline"] | {"window": [0.0, end]},
     }
 
 
@@ -195,10 +221,14 @@ def markdown(results: dict[str, dict[str, Any]], reference: str | None = None, t
     first = results[labels[0]]
     scale, replay, workload = first["scale"], first["replay"], first["workload"]
     lines = [f"# {title or 'flashstate bench'}", ""]
+    window = f"warm-up {replay['warmup_s']:g} s, window {replay['duration_s']:g} s"
+    if first.get("window") == "whole run":
+        window = (f"read over the whole run (every request from the first send to the drain's end, the "
+                  f"{replay['warmup_s']:g} s warm-up included)")  # fmt: skip
     lines.append(
         f"Workload: {workload.get('kind')} ({workload.get('source')}), seed {replay['seed']}; "
-        f"{replay['agents']} agents, {replay['mode']} mode, warm-up {replay['warmup_s']:g} s, "
-        f"window {replay['duration_s']:g} s. Server model {first['server'].get('model')}."
+        f"{replay['agents']} agents, {replay['mode']} mode, {window}. "
+        f"Server model {first['server'].get('model')}."
     )
     lines.append(
         f"Scale: length × {scale['length_scale']:.4g}{' (auto)' if scale.get('length_scale_auto') else ''}, "

@@ -1,5 +1,6 @@
 """`flashstate simulate` end to end: flags as `bench compare`'s, results the bench report code reads."""
 
+import gzip
 import json
 
 from flashstate.bench.report import RESULT_SCHEMA, markdown, plots
@@ -58,7 +59,6 @@ def test_simulate_writes_bench_results(tmp_path, capsys):
         "output_tokens.png",
     ]
 
-
     # results of separate runs merge into one report
     merged = tmp_path / "merged"
     argv = ["bench", "report", str(out / "result-vllm.json"), str(out / "result-aligned.json")]
@@ -72,6 +72,33 @@ def test_simulate_writes_bench_results(tmp_path, capsys):
     capsys.readouterr()
     assert main(["bench", "report", str(out), str(out / "result-vllm.json"), "--out", str(merged)]) == 2
     assert "two results are labelled 'vllm'" in capsys.readouterr().err
+
+    # gzipped results (as committed under benchmarks/results) read the same; --whole-run reads every run
+    # from its first send to the drain's end
+    packed = tmp_path / "packed"
+    packed.mkdir()
+    (packed / "result-vllm.json.gz").write_bytes(gzip.compress((out / "result-vllm.json").read_bytes()))
+    whole = tmp_path / "whole"
+    assert (
+        main(
+            [
+                "bench",
+                "report",
+                str(packed),
+                str(out / "result-aligned.json"),
+                "--whole-run",
+                "--out",
+                str(whole),
+            ]
+        )
+        == 0
+    )
+    doc = json.loads((whole / "result-vllm.json").read_text())
+    answered = [r for r in doc["requests"] if r["error"] is None and r["e2e"] is not None]
+    assert doc["window"] == "whole run" and doc["timeline"]["window"] == [0.0, doc["wall_s"]]
+    assert doc["summary"]["requests"] == len(answered) and doc["summary"]["window_s"] == doc["wall_s"]
+    assert doc["summary"]["output_tokens"] == sum(r["output_tokens"] for r in answered)
+    assert "read over the whole run" in (whole / "report.md").read_text()
 
 
 def test_bad_input_is_one_line(tmp_path, capsys):
