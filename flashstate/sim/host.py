@@ -67,7 +67,7 @@ class SimRestore:
     # done: `wait_any` returns at once, as nothing is waited for in simulated time
     future: Future = field(default_factory=_done)
     inline: bool = False  # ready at admission: the sequence joins the admitting step
-    fetched_at: float | None = None  # not modelled apart from the copies
+    fetched_at: float | None = None  # when its bytes landed (ready_at), for the request's trace line
 
     @property
     def depth(self) -> int:
@@ -173,7 +173,9 @@ class SimHostTier:
             ready += fetched / RESTORE_BYTES_PER_S + objects * RESTORE_SECONDS_PER_OBJECT
         self.index.pin(hit.key, 1)
         unpin = lambda: self.index.pin(hit.key, -1)  # noqa: E731
-        return SimRestore(hit, first_chunk, kv_depth, ready, self.clock, unpin, inline=self.inline_fetch)
+        return SimRestore(
+            hit, first_chunk, kv_depth, ready, self.clock, unpin, inline=self.inline_fetch, fetched_at=ready
+        )
 
     def _charge(self, seconds: float) -> None:
         self.engine_seconds += seconds

@@ -54,6 +54,7 @@ def test_a_restore_lands_after_its_fetched_bytes_at_the_restore_rate_and_its_obj
     fetched = (1000 - 512) * tier.token_bytes + tier.state_bytes  # chunks 0 and 1 shared from the GPU
     objects = 2  # chunk 2 and the state object
     assert restore.ready_at == 10.0 + fetched / sim_host.RESTORE_BYTES_PER_S + objects * 1e-3
+    assert restore.fetched_at == restore.ready_at  # the request's trace line says when, as a server's does
     assert not restore.ready() and restore.poll() is RestorePhase.PENDING and restore.depth == 1000
     assert tier.index.states[hit.key].pins == 1  # not evicted while it is read, as in the real tier
     clock.now = restore.ready_at
@@ -84,6 +85,11 @@ def test_the_host_tier_serves_what_the_gpu_cache_evicted():
     assert all(r.error is None and r.output_tokens == 50 for r in tiered.requests)
     assert len(tiered.requests) == len(gpu.requests) == 36
     assert sum(r.cached_tokens for r in tiered.requests) > sum(r.cached_tokens for r in gpu.requests)
+    # the request lines mark each landed restore with its fetch, as a server's step trace does
+    fetched = [row for row in engines[0].request_rows if row["fetched"] is not None]
+    assert len(fetched) == landed and all(
+        row["admitted"] <= row["fetched"] <= row["running"] for row in fetched
+    )
     engines[0].scheduler.check_integrity()
     assert not engines[0].has_work
 
