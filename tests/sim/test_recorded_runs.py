@@ -134,12 +134,15 @@ def test_the_host_profile_reproduces_the_other_host_tier_run(traces, tmp_path):
     _assert_close(got, want, "output TPM", "uncached p50")
 
 
-@pytest.mark.parametrize("policy", ["flashstate-host", "vllm"])
-def test_the_profile_fitted_on_the_tune_half_predicts_the_validate_half(traces, tmp_path, policy):
-    """The card runs at half the working set of the validate half (2026-12-04), on the profile fitted on the
-    tune half's host-tier runs of 2026-12-03 (steps less the tier's calls, which the simulator charges per
-    call): every metric within 15% for flashstate + host tier and for vllm (RESULTS.md)."""
-    run = RESULTS / "card-2026-12-04" / f"validate-0.5-{policy}"
+@pytest.mark.parametrize(
+    "fraction, policy", [("0.5", "flashstate-host"), ("0.5", "vllm"), ("1.0", "flashstate-host")]
+)
+def test_the_profile_fitted_on_the_tune_half_predicts_the_validate_half(traces, tmp_path, fraction, policy):
+    """The card runs at half the working set of the validate half (2026-12-04) and flashstate's at all of it,
+    on the profile fitted on the tune half's host-tier runs of 2026-12-03 (steps less the tier's calls, which
+    the simulator charges per call): every metric within 15% (RESULTS.md; vllm at all of it is not: it sits on
+    its cliff, where five points of hit rate move its median request across the gap)."""
+    run = RESULTS / "card-2026-12-04" / f"validate-{fraction}-{policy}"
     extra = ("--host-cache memory", "--host-cache-bytes 64G") if policy == "flashstate-host" else ()
     simulated = policy.removesuffix("-host")
     out = _simulate(run, TUNE_PROFILE, simulated, tmp_path, extra, traces)
