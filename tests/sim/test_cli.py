@@ -79,20 +79,8 @@ def test_simulate_writes_bench_results(tmp_path, capsys):
     packed.mkdir()
     (packed / "result-vllm.json.gz").write_bytes(gzip.compress((out / "result-vllm.json").read_bytes()))
     whole = tmp_path / "whole"
-    assert (
-        main(
-            [
-                "bench",
-                "report",
-                str(packed),
-                str(out / "result-aligned.json"),
-                "--whole-run",
-                "--out",
-                str(whole),
-            ]
-        )
-        == 0
-    )
+    argv = ["bench", "report", str(packed), str(out / "result-aligned.json"), "--whole-run"]
+    assert main([*argv, "--out", str(whole)]) == 0
     doc = json.loads((whole / "result-vllm.json").read_text())
     answered = [r for r in doc["requests"] if r["error"] is None and r["e2e"] is not None]
     assert doc["window"] == "whole run" and doc["timeline"]["window"] == [0.0, doc["wall_s"]]
