@@ -28,6 +28,14 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
         help="hardware profile: a JSON file or a shipped name (default: h200-qwen3-next-2b; see "
         "flashstate/sim/profiles/)",
     )
+    sim.add_argument(
+        "--step-cost-scale",
+        type=float,
+        default=1.0,
+        help="multiply the profile's step times (prefill, a prefill step's fixed cost, decode) by this; the "
+        "engine's cost model stays: how far a result moves with a few percent of step cost (a run near a "
+        "cliff moves further than the simulator's error)",
+    )
     compare_args(sim)
     workload_args(sim)
     replay_args(sim)

@@ -69,6 +69,7 @@ def make_engines(
             graphed_step_s=profile.graphed_step_s,
             graphed_max_exports=profile.graphed_max_exports,
             charge_host_calls=not profile.host_calls_in_steps,
+            engine_cost=profile.engine_cost,
         )
         for _ in range(n)
     ]
@@ -134,6 +135,8 @@ def _stats(engine: SimEngine) -> dict[str, Any]:
 
 def _run(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
+    if args.step_cost_scale != 1.0:
+        profile = profile.with_step_costs_scaled(args.step_cost_scale)
     variants = parse_variants(args.policies, args.variant or [])
     names = [v.name for v in variants]
     reference = args.reference or ("vllm" if "vllm" in names else names[-1])

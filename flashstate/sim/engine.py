@@ -91,6 +91,7 @@ class SimEngine:
         graphed_step_s: float | None = None,
         graphed_max_exports: int = MAX_EXPORTS,
         charge_host_calls: bool = True,
+        engine_cost: PrefillCost | None = None,  # the engine's cost model where it is not `prefill`
     ):
         self.config = config
         self.charge_host_calls = charge_host_calls  # False: the profile's steps already hold them
@@ -106,7 +107,7 @@ class SimEngine:
         budget = config.kv_cache_memory_bytes or config.cpu_cache_memory_bytes
         self.plan: CachePlan = plan_cache(spec, config, torch_dtype, budget)
         # The engine's cost model is its calibration on the hardware: here, the profile's C(n).
-        cost = prefill
+        cost = engine_cost or prefill
         if config.prefill_cost_coefficients is not None:
             cost = PrefillCost(*config.prefill_cost_coefficients, source="given")
         self.host = host_tier(config, spec, torch_dtype, cost, clock)

@@ -41,7 +41,8 @@ decodes, the decode step time of its decoding sequences.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+import math
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,27 @@ class Profile:
     host_calls_in_steps: bool = False
     chat_request_overhead: RequestOverhead | None = None
     chat: ChatCosts = ChatCosts()
+    # the engine's own cost model (its calibration), where it is not `prefill`: a profile whose step times
+    # are scaled keeps the measured one, so only time moves
+    engine_cost: PrefillCost | None = None
+    step_cost_scale: float = 1.0
+
+    def with_step_costs_scaled(self, factor: float) -> Profile:
+        """This profile with every step-time term (prefill, the fixed costs of a prefill step, decode)
+        multiplied by `factor`; the engine's cost model, the request overhead and the host tier's call
+        costs unchanged. For how far a result moves with a few percent of step cost."""
+        if not (factor > 0 and math.isfinite(factor)):
+            raise ProfileError(f"--step-cost-scale: expected a positive number, got {factor!r}")
+        d = self.decode
+        return replace(
+            self,
+            prefill=PrefillCost(self.prefill.a * factor, self.prefill.b * factor, self.prefill.source),
+            decode=DecodeModel(d.base_s * factor, d.per_seq_s * factor, d.per_token_s * factor),
+            prefill_step_s=self.prefill_step_s * factor,
+            graphed_step_s=None if self.graphed_step_s is None else self.graphed_step_s * factor,
+            engine_cost=self.engine_cost or self.prefill,
+            step_cost_scale=self.step_cost_scale * factor,
+        )
 
     def request_overhead_for(self, mode: str) -> RequestOverhead:
         """The request overhead of a replay in `mode` ("completions" or "chat")."""
@@ -148,6 +170,7 @@ class Profile:
             if (c := self.chat_request_overhead) is None
             else {"base_s": c.base_s, "per_token_s": c.per_token_s},
             "host_calls_in_steps": self.host_calls_in_steps,
+            "step_cost_scale": self.step_cost_scale,
             "chat": asdict(self.chat),
             "provenance": self.provenance,
         }

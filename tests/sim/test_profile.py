@@ -4,6 +4,9 @@ from pathlib import Path
 import pytest
 
 from flashstate.cache.cost import PrefillCost
+from flashstate.cli import main
+from flashstate.sim.command import engine_config, make_engines
+from flashstate.sim.events import EventLoop
 from flashstate.sim.profile import DEFAULT_PROFILE, ProfileError, load_profile
 
 
@@ -79,3 +82,29 @@ def test_graphed_steps_hold_the_exports_of_the_engine_the_profile_was_measured_o
     path = tmp_path / "p.json"
     path.write_text(json.dumps(doc))
     assert load_profile(str(path)).graphed_max_exports == MAX_EXPORTS
+
+
+def test_step_costs_scale_but_the_engines_cost_model_stays(tmp_path, capsys):
+    base = load_profile(_write(tmp_path, _doc(engine_args=[])))  # no given coefficients: prefill is the cost
+    scaled = base.with_step_costs_scaled(1.5).with_step_costs_scaled(2.0)
+    assert scaled.step_cost_scale == 3.0 and scaled.engine_cost == base.prefill
+    assert scaled.prefill(4000) == pytest.approx(3 * base.prefill(4000))
+    assert scaled.decode(8, 80_000) == pytest.approx(3 * base.decode(8, 80_000))
+    engine = make_engines(scaled, engine_config(scaled, [], "flashstate"), 1, EventLoop())[0]
+    assert engine.cache.policy.cost == base.prefill  # what the cache prices evictions in: the measured C(n)
+    with pytest.raises(ProfileError, match="--step-cost-scale"):
+        base.with_step_costs_scaled(0.0)
+
+    # through the command: the same run takes longer on the engine, and the result says by how much
+    busy = {}
+    for scale in ("1", "1.5"):
+        out = tmp_path / f"x{scale}"
+        argv = ["simulate", "--policies", "vllm", "--agents", "2", "--duration", "200", "--seed", "1"]
+        assert main([*argv, "--step-cost-scale", scale, "--out", str(out)]) == 0
+        sim = json.loads((out / "result-vllm.json").read_text())["server"]["simulated"]
+        assert sim["step_cost_scale"] == float(scale)
+        busy[scale] = sim["engine_busy_s"]
+    assert busy["1.5"] > busy["1"]
+    capsys.readouterr()
+    assert main(["simulate", "--step-cost-scale", "-1", "--out", str(tmp_path / "bad")]) == 2
+    assert "--step-cost-scale" in capsys.readouterr().err
