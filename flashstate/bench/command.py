@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import gzip
 import json
 import logging
 import shlex
@@ -24,7 +23,14 @@ from flashstate.bench.config import ReplayConfig
 from flashstate.bench.cost import Prices
 from flashstate.bench.prompts import auto_length_scale
 from flashstate.bench.replay import replay
-from flashstate.bench.report import RESULT_SCHEMA, build_result, markdown, over_whole_run, write_report
+from flashstate.bench.report import (
+    RESULT_SCHEMA,
+    build_result,
+    markdown,
+    over_whole_run,
+    read_result,
+    write_report,
+)
 from flashstate.bench.synthetic_defaults import DEFAULT as SYNTHETIC_DEFAULT
 from flashstate.bench.workloads import Session, WorkloadError, load_workload, trace_format
 from flashstate.config import CACHE_POLICIES
@@ -227,7 +233,7 @@ def _report(args: argparse.Namespace) -> int:
         if not files:
             raise ValueError(f"no result-*.json in {given}")
         for f in files:
-            doc = json.loads(gzip.decompress(f.read_bytes()) if f.suffix == ".gz" else f.read_text())
+            doc = read_result(f)
             if doc.get("schema") != RESULT_SCHEMA:
                 raise ValueError(f"{f} is not a flashstate bench result (schema {doc.get('schema')!r})")
             if doc["label"] in results:

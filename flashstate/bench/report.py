@@ -25,6 +25,7 @@ results without their per-request and per-session records (those stay in result-
 from __future__ import annotations
 
 import datetime as dt
+import gzip
 import json
 import statistics
 from pathlib import Path
@@ -117,6 +118,11 @@ def over_whole_run(result: dict[str, Any]) -> dict[str, Any]:
         "cost": cost_view(requests, sessions, 0.0, end, Prices(**result["cost"]["prices"]), gpus),
         "timeline": result["timeline"] | {"window": [0.0, end]},
     }
+
+
+def read_result(path: Path) -> dict[str, Any]:
+    """A result-<label>.json, or gzipped (as benchmarks/results keeps them)."""
+    return json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text())
 
 
 def write_json(path: Path, doc: dict[str, Any]) -> Path:

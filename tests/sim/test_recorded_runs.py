@@ -13,15 +13,15 @@ their measured time; and (where the Claude-Code traces are at hand) the simulato
 workload on the same flags lands within 15% of the run's reported figures. Recorded data, simulated time:
 nothing here depends on this machine's speed."""
 
-import gzip
-import json
 from pathlib import Path
 
 import pytest
 
+from flashstate.bench.report import read_result
 from flashstate.cli import main
 from flashstate.sim.fit import read_steps, step_model_error
 from flashstate.sim.profile import load_profile
+from flashstate.sim.recorded import error, simulate_argv
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 RUN = RESULTS / "gpu-overload-2026-12-02"
@@ -35,21 +35,15 @@ REAL_SIZE_RUN = RESULTS / "card-2026-12-04" / "real-size-0.15"
 REAL_SIZE_PROFILE = RESULTS / "card-2026-12-04" / "h200-qwen3.6-35b-a3b-rough.json"  # fitted on earlier runs
 STALL_MS = 1000  # steps that compiled a Triton kernel variant inside the step (the server log names them)
 TOLERANCE = 0.15
-ENGINE_FLAGS = ("--max-num-seqs", "--max-num-batched-tokens", "--kv-cache-memory-bytes")
-METRICS = {
-    "TTFT p50": lambda s: s["ttft_s"]["p50"],
-    "TTFT p90": lambda s: s["ttft_s"]["p90"],
-    "output TPM": lambda s: s["output_tpm"],
-    "uncached p50": lambda s: s["uncached_tokens_per_request"]["p50"],
-}
+ALL = ("TTFT p50", "TTFT p90", "output TPM", "uncached p50")
 
 
 def _assert_close(got: dict, want: dict, *names: str) -> None:
     """Two runs' summaries: hit rate within 5 points, each named metric within TOLERANCE."""
-    assert abs(got["token_hit_rate"] - want["token_hit_rate"]) <= 0.05
+    e = error(got, want)
+    assert abs(e["hit rate"]) <= 0.05, e
     for name in names:
-        pick = METRICS[name]
-        assert abs(pick(got) / pick(want) - 1) <= TOLERANCE, (name, pick(got), pick(want))
+        assert abs(e[name]) <= TOLERANCE, (name, e)
 
 
 @pytest.mark.parametrize("policy, stalls", [("flashstate", 10), ("vllm", 0)])
@@ -64,30 +58,14 @@ def test_the_profile_prices_the_recorded_steps_within_15_percent(policy, stalls)
     assert error["prefill"]["steps"] > 800
 
 
-def _result(run: Path, name: str = "*") -> dict:
+def _result(run: Path, label: str = "*") -> dict:
     """A run's bench result, as written or gzipped."""
-    path = next(run.glob(f"result-{name}.json*"))
-    return json.loads(gzip.open(path).read() if path.suffix == ".gz" else path.read_text())
+    return read_result(next(run.glob(f"result-{label}.json*")))
 
 
-def _simulate(run: Path, profile: str, policies: str, out: Path, extra: tuple[str, ...], traces) -> Path:
-    """The simulator on a recorded run's workload, trace half and engine flags (as its command line
-    recorded them)."""
-    result = _result(run)
-    r, command = result["replay"], result["server"]["command"]
-    flags = [f"{k} {command[command.index(k) + 1]}" for k in ENGINE_FLAGS] + list(extra)
-    split = result["workload"].get("split")
-    rc = main([
-        "simulate", *(["--trace-split", split] if split else []), "--profile", profile,
-        "--workload", str(traces), "--policies", policies,
-        "--serve-args", " ".join(flags), "--seed", str(r["seed"]), "--agents", str(r["agents"]),
-        "--warmup", str(r["warmup_s"]), "--duration", str(r["duration_s"]), "--drain", str(r["drain_s"]),
-        "--length-scale", str(r["length_scale"]), "--max-context", str(r["max_context"]),
-        "--time-scale", str(r["time_scale"]), "--max-think-time", str(r["max_think_s"]),
-        "--max-output-tokens", str(r["max_output_tokens"]), "--mode", r.get("mode", "completions"),
-        "--no-progress", "--out", str(out),
-    ])  # fmt: skip
-    assert rc == 0
+def _simulate(run: Path, profile: str, out: Path, traces, label: str = "*") -> Path:
+    """The simulator on a recorded run's workload, trace half, engine flags and policy, under its label."""
+    assert main([*simulate_argv(_result(run, label), profile, traces), "--out", str(out)]) == 0
     return out
 
 
@@ -96,7 +74,7 @@ def simulated(traces, tmp_path_factory):
     # Only vllm: that flashstate server's cache rules are gone (the cold reserve, which 0 turns off, and
     # the protection a checkpoint kept after a hit, which nothing turns back on); the later runs stand for it.
     out = tmp_path_factory.mktemp("sim")
-    return _simulate(RUN, PROFILE, "vllm", out, (), traces)
+    return _simulate(RUN, PROFILE, out, traces, "vllm")
 
 
 @pytest.mark.parametrize("policy", ["vllm"])
@@ -114,8 +92,7 @@ def test_the_graphed_profile_prices_its_runs_steps_within_15_percent():
 
 
 def test_the_simulator_reproduces_the_run_with_the_cold_reserve_and_exporting_graphs(traces, tmp_path):
-    out = _simulate(GRAPHED_RUN, GRAPHED_PROFILE, "flashstate", tmp_path, (), traces)
-    got = _result(out, "flashstate")["summary"]
+    got = _result(_simulate(GRAPHED_RUN, GRAPHED_PROFILE, tmp_path, traces, "flashstate"))["summary"]
     want = _result(GRAPHED_RUN, "flashstate")["summary"]
     # TTFT p90 is left out: on the card it sits where the 9% cold requests begin (p88 0.30 s, p92 16 s),
     # so a point of cold share moves it by half (simulated 8%: -25%; RESULTS.md)
@@ -127,9 +104,7 @@ def test_the_host_profile_reproduces_the_other_host_tier_run(traces, tmp_path):
     is predicted. Hit rate, uncached p50 and throughput land within 15%; TTFT does not (RESULTS.md: p50
     -24%, p90 -58%: in a 60 s window both sit in the start's queue of cold prompts, which the card drains
     slower than the model)."""
-    extra = ("--host-cache memory", "--host-cache-bytes 64G", "--mamba-fallback-checkpoints off")
-    out = _simulate(HOST_RUN, HOST_PROFILE, "flashstate", tmp_path, extra, traces)
-    got = _result(out, "flashstate")["summary"]
+    got = _result(_simulate(HOST_RUN, HOST_PROFILE, tmp_path, traces, "flashstate-host-off"))["summary"]
     want = _result(HOST_RUN, "flashstate-host-off")["summary"]
     _assert_close(got, want, "output TPM", "uncached p50")
 
@@ -143,23 +118,18 @@ def test_the_profile_fitted_on_the_tune_half_predicts_the_validate_half(traces, 
     the simulator charges per call): every metric within 15% (RESULTS.md; vllm at all of it is not: it sits on
     its cliff, where five points of hit rate move its median request across the gap)."""
     run = RESULTS / "card-2026-12-04" / f"validate-{fraction}-{policy}"
-    extra = ("--host-cache memory", "--host-cache-bytes 64G") if policy == "flashstate-host" else ()
-    simulated = policy.removesuffix("-host")
-    out = _simulate(run, TUNE_PROFILE, simulated, tmp_path, extra, traces)
-    got = _result(out, simulated)["summary"]
-    _assert_close(got, _result(run)["summary"], *METRICS)
+    got = _result(_simulate(run, TUNE_PROFILE, tmp_path, traces))["summary"]
+    _assert_close(got, _result(run)["summary"], *ALL)
 
 
 def test_the_rough_real_size_profile_predicts_the_real_size_run(traces, tmp_path):
     """qwen3.6-35b-a3b at length scale 1 and 15% of W (2026-12-04, evening): the rough profile fitted on the
     first real-size attempt's runs predicts the later run. flashstate + host within 15% on TTFT p50/p90,
     throughput and uncached p50; vllm answered one request in the window, so its throughput alone."""
-    extra = ("--host-cache memory", "--host-cache-bytes 64G")
-    out = _simulate(REAL_SIZE_RUN, str(REAL_SIZE_PROFILE), "flashstate", tmp_path / "fs", extra, traces)
-    got = _result(out, "flashstate")["summary"]
-    _assert_close(got, _result(REAL_SIZE_RUN, "flashstate-host")["summary"], *METRICS)
-    out = _simulate(REAL_SIZE_RUN, str(REAL_SIZE_PROFILE), "vllm", tmp_path / "vllm", (), traces)
-    got = _result(out, "vllm")["summary"]
+    out = _simulate(REAL_SIZE_RUN, str(REAL_SIZE_PROFILE), tmp_path / "fs", traces, "flashstate-host")
+    _assert_close(_result(out)["summary"], _result(REAL_SIZE_RUN, "flashstate-host")["summary"], *ALL)
+    out = _simulate(REAL_SIZE_RUN, str(REAL_SIZE_PROFILE), tmp_path / "vllm", traces, "vllm")
+    got = _result(out)["summary"]
     tpm, want = got["output_tpm"], _result(REAL_SIZE_RUN, "vllm")["summary"]["output_tpm"]
     assert abs(tpm / want - 1) <= TOLERANCE, (tpm, want)
 
@@ -169,7 +139,5 @@ def test_the_tune_profile_with_chat_costs_predicts_the_chat_run(traces, tmp_path
     tokens, the engine thread's time per chat prompt token) were fitted on the chat runs of 2026-12-03: hit
     rate, uncached p50 and throughput within 15%; TTFT not (RESULTS.md: p50 -17%, p90 -33%)."""
     run = RESULTS / "card-2026-12-04" / "chat-17G-flashstate-host"
-    extra = ("--host-cache memory", "--host-cache-bytes 64G")
-    out = _simulate(run, TUNE_PROFILE, "flashstate", tmp_path, extra, traces)
-    got = _result(out, "flashstate")["summary"]
+    got = _result(_simulate(run, TUNE_PROFILE, tmp_path, traces))["summary"]
     _assert_close(got, _result(run)["summary"], "output TPM", "uncached p50")

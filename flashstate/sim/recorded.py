@@ -1,0 +1,58 @@
+"""A recorded run as a simulation: the `flashstate simulate` arguments that replay a `bench compare` result's
+workload, trace half, scale and engine flags on a profile, and the simulator's error against the run.
+
+    simulate_argv(result, profile, traces)  `simulate` arguments for the run's policy under its own label
+    error(simulated, measured)              metric -> simulated / measured − 1 (hit rate: the difference)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+# the serve flags of a recorded command that shape the engine (the rest: where it ran, what it logged)
+ENGINE_FLAGS = ("--max-num-seqs", "--max-num-batched-tokens", "--kv-cache-memory-bytes")
+METRICS = {
+    "hit rate": lambda s: s["token_hit_rate"],
+    "uncached p50": lambda s: s["uncached_tokens_per_request"]["p50"],
+    "TTFT p50": lambda s: s["ttft_s"]["p50"],
+    "TTFT p90": lambda s: s["ttft_s"]["p90"],
+    "output TPM": lambda s: s["output_tpm"],
+}
+
+
+def simulate_argv(
+    result: dict[str, Any], profile: str, traces: str | Path, extra: tuple[str, ...] = ()
+) -> list[str]:
+    """`flashstate simulate` arguments (no --out) for the recorded run: its policy and variant flags under its
+    label (`flashstate-host` stays that), the engine flags its server command had, `extra` serve flags, and
+    the replay's seed, agents, windows, scale and trace half."""
+    r, server = result["replay"], result["server"]
+    command = server["command"]
+    flags = [f"{k} {command[command.index(k) + 1]}" for k in ENGINE_FLAGS if k in command]
+    policy = server.get("cache_policy") or result["label"]
+    variant = " ".join([f"{result['label']}={policy}", *server.get("variant_args", []), *extra])
+    split = result["workload"].get("split")
+    return [
+        "simulate", *(["--trace-split", split] if split else []), "--profile", profile,
+        "--workload", str(traces), "--policies", "", "--variant", variant,
+        "--serve-args", " ".join(flags), "--seed", str(r["seed"]), "--agents", str(r["agents"]),
+        "--warmup", str(r["warmup_s"]), "--duration", str(r["duration_s"]), "--drain", str(r["drain_s"]),
+        "--length-scale", str(r["length_scale"]), "--max-context", str(r["max_context"]),
+        "--time-scale", str(r["time_scale"]), "--max-think-time", str(r["max_think_s"]),
+        "--max-output-tokens", str(r["max_output_tokens"]), "--mode", r.get("mode", "completions"),
+        "--no-progress",
+    ]  # fmt: skip
+
+
+def error(simulated: dict[str, Any], measured: dict[str, Any]) -> dict[str, float | None]:
+    """Each metric's error: simulated / measured − 1; hit rate in points (simulated − measured); None where
+    either run has no value (no request answered in its window)."""
+    out: dict[str, float | None] = {}
+    for name, pick in METRICS.items():
+        got, want = pick(simulated), pick(measured)
+        if got is None or want is None or (name != "hit rate" and not want):
+            out[name] = None
+        else:
+            out[name] = got - want if name == "hit rate" else got / want - 1
+    return out

@@ -1,0 +1,37 @@
+"""benchmarks/sim_error.py on a recorded card run: each result replayed with its own flags at each step-cost
+scale, the error read at the profile's own costs, the spread over the scales."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN = ROOT / "benchmarks/results/card-2026-12-04/validate-0.5-vllm"
+
+
+def _script(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
+    argv = [sys.executable, str(ROOT / "benchmarks/sim_error.py"), *args]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
+
+
+def test_the_error_and_its_spread_over_step_costs(traces, tmp_path):
+    done = _script(str(RUN), "--profile", "h200-qwen3-next-2b-tune", "--traces", str(traces), "--scales", "1",
+                   "1.03", "--out", str(tmp_path))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    doc = json.loads((tmp_path / "errors.json").read_text())
+    rows = {r["metric"]: r for r in doc["rows"]}
+    assert set(rows) == {"hit rate", "uncached p50", "TTFT p50", "TTFT p90", "output TPM"}
+    for name, r in rows.items():
+        assert r["label"] == "vllm" and r["spread"][0] <= r["simulated"] <= r["spread"][1]
+        limit = 0.05 if name == "hit rate" else 0.15  # this run's error on the tune profile (RESULTS.md)
+        assert abs(r["error"]) <= limit, r
+    assert rows["output TPM"]["spread"][0] < rows["output TPM"]["spread"][1]  # slower steps, fewer tokens
+    assert "| validate-0.5-vllm | vllm | TTFT p90 |" in (tmp_path / "errors.md").read_text()
+
+
+def test_the_scales_must_hold_the_profile_itself(tmp_path):
+    done = _script(str(RUN), "--profile", "x", "--traces", "x", "--scales", "0.9", "--out", str(tmp_path))
+    assert done.returncode == 2 and "--scales must include 1" in done.stderr
