@@ -11,7 +11,7 @@
 #     $(for n in 17 24 27 28 31 34 35; do echo --platform manylinux_2_${n}_x86_64; done) \
 #     --platform manylinux2014_x86_64 -d .whl fastapi starlette uvicorn pydantic pydantic-core annotated-types \
 #     typing-inspection typing-extensions opentelemetry-api importlib-metadata lazy-importer \
-#     'llguidance>=1.9.1,<2' fla-core==0.6.0 flash-linear-attention==0.6.0
+#     'llguidance>=1.9.1,<2' isal fla-core==0.6.0 flash-linear-attention==0.6.0
 # (check that pydantic's pinned pydantic-core is the one fetched; keep one version of each).
 #
 # Only the kernels' binaries and metadata are kept (Triton finds a kernel by those; its IR text is

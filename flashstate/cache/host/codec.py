@@ -10,6 +10,8 @@ header, key or size wrong), "forged" (a secret is set and the MAC does not match
 catches accidents, anyone who can write to the store can compute one), "layout" (sound, but its tensors
 are not the ones the reader expects). A decoded object is the list of its tensors as views into the
 buffer (no copy).
+The checksum is zlib's CRC-32, computed by ISA-L (the `isal` package: ~30 GB/s a core with PCLMUL against
+zlib's ~7, the same value) where it is installed, else by zlib; both release the GIL.
 HMAC-SHA256 rather than keyed BLAKE2b: hashlib's SHA-256 is OpenSSL's (SHA-NI where the CPU has it),
 1.6 GB/s against BLAKE2b's 0.7 GB/s on the 2-core EPYC this was measured on
 (benchmarks/faults/mac_cost.py); both let go of the GIL, so objects verify in parallel.
@@ -23,12 +25,16 @@ import hmac
 import json
 import os
 import struct
-import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
+
+try:  # the same CRC-32 as zlib's, ~4x faster: objects written with either read with the other
+    from isal.isal_zlib import crc32
+except ImportError:  # isal is a dependency; zlib stays the fallback
+    from zlib import crc32
 
 MAGIC = b"FSH2"
 _PREFIX = struct.Struct("<4sII32s")
@@ -123,7 +129,7 @@ class ObjectBuilder:
         if self._secret is not None:
             mac = _mac(self._secret, self.key, self._header_len, raw)
         raw[_MAC_AT : _PREFIX.size] = mac
-        crc = zlib.crc32(raw[_CRC_FROM:])
+        crc = crc32(raw[_CRC_FROM:])
         raw[: _PREFIX.size] = _PREFIX.pack(MAGIC, self._header_len, crc, mac)
         return self.buffer
 
@@ -162,8 +168,8 @@ def check(
         return None, "corrupt"
     if secret is not None:
         if not hmac.compare_digest(mac, _mac(secret, key, header_len, raw)):
-            return None, "corrupt" if zlib.crc32(raw[_CRC_FROM:]) != crc else "forged"
-    elif zlib.crc32(raw[_CRC_FROM:]) != crc:
+            return None, "corrupt" if crc32(raw[_CRC_FROM:]) != crc else "forged"
+    elif crc32(raw[_CRC_FROM:]) != crc:
         return None, "corrupt"
     try:
         header = json.loads(bytes(raw[_PREFIX.size : _PREFIX.size + header_len]))

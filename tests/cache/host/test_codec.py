@@ -1,3 +1,6 @@
+import struct
+import zlib
+
 import pytest
 import torch
 
@@ -46,3 +49,10 @@ def test_wrong_key_truncated_or_empty_decode_to_none():
     assert decode("other", buf) is None
     assert decode("k", buf[:-64]) is None
     assert decode("k", torch.empty(0, dtype=torch.uint8)) is None
+
+
+def test_the_checksum_is_zlibs_crc32_whichever_library_computes_it():
+    # objects sealed with ISA-L's CRC-32 check with zlib's: stores written before the switch stay valid
+    buf = encode("k/2", _tensors())
+    raw = buf.numpy().tobytes()
+    assert struct.unpack("<I", raw[8:12])[0] == zlib.crc32(raw[12:])
