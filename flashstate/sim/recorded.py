@@ -7,6 +7,7 @@ workload, trace half, scale and engine flags on a profile, and the simulator's e
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -21,17 +22,15 @@ METRICS = {
 }
 
 
-def simulate_argv(
-    result: dict[str, Any], profile: str, traces: str | Path, extra: tuple[str, ...] = ()
-) -> list[str]:
+def simulate_argv(result: dict[str, Any], profile: str, traces: str | Path) -> list[str]:
     """`flashstate simulate` arguments (no --out) for the recorded run: its policy and variant flags under its
-    label (`flashstate-host` stays that), the engine flags its server command had, `extra` serve flags, and
-    the replay's seed, agents, windows, scale and trace half."""
+    label (`flashstate-host` stays that), the engine flags its server command had, and the replay's seed,
+    agents, windows, scale and trace half."""
     r, server = result["replay"], result["server"]
     command = server["command"]
     flags = [f"{k} {command[command.index(k) + 1]}" for k in ENGINE_FLAGS if k in command]
     policy = server.get("cache_policy") or result["label"]
-    variant = " ".join([f"{result['label']}={policy}", *server.get("variant_args", []), *extra])
+    variant = shlex.join([f"{result['label']}={policy}", *server.get("variant_args", [])])
     split = result["workload"].get("split")
     return [
         "simulate", *(["--trace-split", split] if split else []), "--profile", profile,
