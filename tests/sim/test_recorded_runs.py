@@ -51,11 +51,11 @@ def test_the_profile_prices_the_recorded_steps_within_15_percent(policy, stalls)
     rows = read_steps([RUN / f"steps-{policy}.jsonl.gz"])
     # the flashstate server was the first on a bare machine: its compiles are not a cost the model prices
     assert sum(r["ms"] >= STALL_MS for r in rows) == stalls
-    error = step_model_error(load_profile(PROFILE), [r for r in rows if r["ms"] < STALL_MS])
-    for kind, e in error.items():
+    by_kind = step_model_error(load_profile(PROFILE), [r for r in rows if r["ms"] < STALL_MS])
+    for kind, e in by_kind.items():
         if e["steps"] >= 50:  # the vllm run decoded alone only 4 times
             assert abs(e["error"]) <= TOLERANCE, (kind, e)
-    assert error["prefill"]["steps"] > 800
+    assert by_kind["prefill"]["steps"] > 800
 
 
 def _result(run: Path, label: str = "*") -> dict:
