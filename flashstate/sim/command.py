@@ -70,6 +70,7 @@ def make_engines(
             graphed_max_exports=profile.graphed_max_exports,
             charge_host_calls=not profile.host_calls_in_steps,
             engine_cost=profile.engine_cost,
+            host_calls=profile.host_calls,
         )
         for _ in range(n)
     ]

@@ -37,7 +37,7 @@ from flashstate.engine.step_trace import request_row, step_shape
 from flashstate.sampling_params import SamplingParams
 from flashstate.sequence import RequestStats, Sequence
 from flashstate.sim.host import SimHostTier
-from flashstate.sim.profile import DecodeModel
+from flashstate.sim.profile import MEASURED_2B_HOST_CALLS, DecodeModel, HostCallCosts
 from flashstate.spec.model_spec import DTYPES, ModelSpec
 
 
@@ -67,14 +67,21 @@ def step_seconds(
 
 
 def host_tier(
-    config: EngineConfig, spec: ModelSpec, dtype: torch.dtype, cost: PrefillCost, clock: Callable[[], float]
+    config: EngineConfig,
+    spec: ModelSpec,
+    dtype: torch.dtype,
+    cost: PrefillCost,
+    clock: Callable[[], float],
+    calls: HostCallCosts = MEASURED_2B_HOST_CALLS,
 ) -> SimHostTier | None:
     """The host tier the config asks for, holding what the real one may fill."""
     if config.host_tier is None:
         return None
     capacity, chunk = host_capacity(config)[1], config.host_chunk_tokens
     kv = kv_dtype(config.kv_cache_dtype, dtype)
-    return SimHostTier(spec, dtype, config.block_size, capacity, cost, clock, chunk, config.host_inline, kv)
+    return SimHostTier(
+        spec, dtype, config.block_size, capacity, cost, clock, chunk, config.host_inline, kv, calls
+    )
 
 
 class SimEngine:
@@ -92,6 +99,7 @@ class SimEngine:
         graphed_max_exports: int = MAX_EXPORTS,
         charge_host_calls: bool = True,
         engine_cost: PrefillCost | None = None,  # the engine's cost model where it is not `prefill`
+        host_calls: HostCallCosts = MEASURED_2B_HOST_CALLS,  # the engine thread in the host tier's calls
     ):
         self.config = config
         self.charge_host_calls = charge_host_calls  # False: the profile's steps already hold them
@@ -110,7 +118,7 @@ class SimEngine:
         cost = engine_cost or prefill
         if config.prefill_cost_coefficients is not None:
             cost = PrefillCost(*config.prefill_cost_coefficients, source="given")
-        self.host = host_tier(config, spec, torch_dtype, cost, clock)
+        self.host = host_tier(config, spec, torch_dtype, cost, clock, host_calls)
         self.cache = CacheManager(
             BlockPool(self.plan.num_blocks, config.block_size),
             StatePool(self.plan.num_slots),

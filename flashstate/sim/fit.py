@@ -220,7 +220,9 @@ def fitted_profile(
         "decode": fit["decode"],
         "request": request,
         "chat": asdict(base.chat),
-        "host": {"calls_in_steps": base.host_calls_in_steps if keep_steps else False},
+        # what the tier's calls cost the engine thread is the base's (measured apart from the steps)
+        "host": {"calls_in_steps": base.host_calls_in_steps if keep_steps else False}
+        | asdict(base.host_calls),
         "provenance": f"{_steps_said(fit, sources, base)}; request overhead from {said}; memory and engine "
         f"flags from profile {base.name}",
     }

@@ -35,17 +35,12 @@ from flashstate.cache.host.build import chunk_tokens
 from flashstate.cache.host.index import HostHit, HostIndex
 from flashstate.cache.host.layout import HostLayout
 from flashstate.cache.host.restore import RestorePhase
+from flashstate.sim.profile import MEASURED_2B_HOST_CALLS, HostCallCosts
 from flashstate.spec.model_spec import ModelSpec
 
 RESTORE_BYTES_PER_S = 3.5e9
 RESTORE_SECONDS_PER_OBJECT = 1e-3
 WRITE_BYTES_PER_S = 2.06e9
-# The engine thread's seconds per call, from `host_cache_engine_seconds_total` of two headline-flags runs on
-# the H200 (chat and token mode, 2026-12-04, benchmarks/RESULTS.md): lookups 0.12–0.19 µs per prompt token
-# per request (two lookups each), restores 1.27–1.35 µs per restored token, write-backs 3.2–3.9 ms per state.
-ENGINE_LOOKUP_S_PER_TOKEN = 7.5e-8
-ENGINE_RESTORE_S_PER_TOKEN = 1.3e-6
-ENGINE_WRITE_BACK_S = 3.5e-3
 
 
 def _done() -> Future:
@@ -98,7 +93,9 @@ class SimHostTier:
         chunk: int,
         inline_fetch: bool = False,
         kv_cache_dtype: torch.dtype | None = None,
+        calls: HostCallCosts = MEASURED_2B_HOST_CALLS,  # the engine thread's time per call
     ):
+        self.calls = calls
         self.inline_fetch = inline_fetch  # ready at admission (the fetch's engine-thread time is not charged)
         self.layout = HostLayout("simulated", chunk_tokens(block_size, chunk))
         self.token_bytes = kv_bytes_per_block(spec, 1, kv_cache_dtype or dtype)  # the engine's KV bytes
@@ -139,7 +136,7 @@ class SimHostTier:
         state_bytes = self.state_bytes + tail * self.token_bytes
         if not self.index.admit(key, depth, last, chunk_keys, state_bytes, self.chunk_bytes):
             return
-        self._charge(ENGINE_WRITE_BACK_S)
+        self._charge(self.calls.write_back_s)
         lands = self.clock() + (state_bytes + len(new) * self.chunk_bytes) / WRITE_BYTES_PER_S
         self._order += 1
         heapq.heappush(self._writes, (lands, self._order, key, new))
@@ -156,7 +153,7 @@ class SimHostTier:
         self._land_writes()
         if not len(self.index):
             return None
-        self._charge(limit * ENGINE_LOOKUP_S_PER_TOKEN)
+        self._charge(limit * self.calls.lookup_s_per_token)
         hit = self.index.find(tokens, limit, self.layout.chain(tokens, limit, chain, salt), self.layout)
         return hit if hit is not None and hit.depth > floor else None
 
@@ -166,7 +163,7 @@ class SimHostTier:
         fetched = (hit.depth - first_chunk * self.layout.chunk_tokens) * self.token_bytes + self.state_bytes
         self.index.touch(hit.key)  # a hit re-stamps the state, as the real tier's load does
         self.restores_started += 1
-        self._charge(hit.depth * ENGINE_RESTORE_S_PER_TOKEN)
+        self._charge(hit.depth * self.calls.restore_s_per_token)
         objects = len(hit.chunks) - first_chunk + 1  # the chunks not shared from the GPU, then the state
         ready = self.clock()
         if not self.inline_fetch:

@@ -30,7 +30,9 @@
                 the step after the request reaches its engine waits out,
      "host": {"calls_in_steps"}   (optional, false) true where the step model was fitted on a run with a host
                 tier with the engine thread's time in the tier's calls left in its steps (sim/host.py
-                charges that time to the steps otherwise; `fit-profile` takes it out since 2026-12-04),
+                charges that time to the steps otherwise; `fit-profile` takes it out since 2026-12-04);
+                "lookup_s_per_token", "restore_s_per_token", "write_back_s" (optional, HostCallCosts'
+                defaults, measured on the 2B preset): what those calls cost the engine thread,
      "provenance": where the numbers come from}
 
 A step of the engine takes the prefill time of its chunks (a chunk of n tokens resuming at depth p costs
@@ -95,6 +97,20 @@ class ChatCosts:
 
 
 @dataclass(frozen=True, slots=True)
+class HostCallCosts:
+    """The engine thread's seconds in the host tier's calls (the profile's "host" section). Defaults: the
+    qwen3-next-2b preset's, from `host_cache_engine_seconds_total` of two headline-flags runs on the H200
+    (chat and token mode, 2026-12-04, benchmarks/RESULTS.md): lookups 0.12–0.19 µs per prompt token per
+    request (two lookups each), restores 1.27–1.35 µs per restored token, write-backs 3.2–3.9 ms a state."""
+
+    lookup_s_per_token: float = 7.5e-8
+    restore_s_per_token: float = 1.3e-6
+    write_back_s: float = 3.5e-3
+
+
+MEASURED_2B_HOST_CALLS = HostCallCosts()
+
+@dataclass(frozen=True, slots=True)
 class Profile:
     name: str
     device: str
@@ -114,6 +130,7 @@ class Profile:
     host_calls_in_steps: bool = False
     chat_request_overhead: RequestOverhead | None = None
     chat: ChatCosts = ChatCosts()
+    host_calls: HostCallCosts = MEASURED_2B_HOST_CALLS
     # the engine's own cost model (its calibration), where it is not `prefill`: a profile whose step times
     # are scaled keeps the measured one, so only time moves
     engine_cost: PrefillCost | None = None
@@ -170,6 +187,7 @@ class Profile:
             if (c := self.chat_request_overhead) is None
             else {"base_s": c.base_s, "per_token_s": c.per_token_s},
             "host_calls_in_steps": self.host_calls_in_steps,
+            "host_calls": asdict(self.host_calls),
             "step_cost_scale": self.step_cost_scale,
             "chat": asdict(self.chat),
             "provenance": self.provenance,
@@ -245,6 +263,13 @@ def load_profile(name_or_path: str | None = None) -> Profile:
     host_doc = doc.get("host") or {}
     if not isinstance(host_doc, dict) or not isinstance(host_doc.get("calls_in_steps", False), bool):
         raise ProfileError(f"{where}.host: expected an object with a boolean calls_in_steps")
+    call_costs = [f.name for f in fields(HostCallCosts)]
+    if unknown := sorted(set(host_doc) - {"calls_in_steps", *call_costs}):
+        known = ", ".join(["calls_in_steps", *call_costs])
+        raise ProfileError(f"{where}.host: unknown field(s) {', '.join(unknown)} (known: {known})")
+    host_calls = HostCallCosts(
+        **{k: v for k in call_costs if (v := _num(host_doc, k, f"{where}.host", False)) is not None}
+    )
     return Profile(
         name=str(doc.get("name") or path.stem),
         device=str(doc.get("device", "")),
@@ -264,6 +289,7 @@ def load_profile(name_or_path: str | None = None) -> Profile:
         graphed_max_exports=MAX_EXPORTS if exports is None else int(exports),
         request_overhead=overhead,
         host_calls_in_steps=host_doc.get("calls_in_steps", False),
+        host_calls=host_calls,
         chat_request_overhead=None if chat[0] is None else RequestOverhead(*chat),
         chat=ChatCosts(int(header), per_message, share, engine),
     )

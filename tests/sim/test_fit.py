@@ -111,4 +111,6 @@ def test_the_host_tiers_calls_are_taken_out_of_the_steps(tmp_path):
     trace = tmp_path / "steps.jsonl"
     trace.write_text("".join(json.dumps(r) + "\n" for r in traced))
     assert main(["fit-profile", str(trace), "--out", str(tmp_path / "p.json")]) == 0
-    assert not load_profile(str(tmp_path / "p.json")).host_calls_in_steps
+    fitted = load_profile(str(tmp_path / "p.json"))
+    assert not fitted.host_calls_in_steps
+    assert fitted.host_calls == load_profile().host_calls  # what the calls cost: the base profile's

@@ -2,18 +2,22 @@
 measured rates; a run with `--host-cache memory` restores what the GPU cache evicted."""
 
 import json
+from dataclasses import fields
 from pathlib import Path
 
+import pytest
 import torch
 
 from flashstate.cache.cost import PrefillCost
 from flashstate.cache.host.restore import RestorePhase
 from flashstate.sim import host as sim_host
 from flashstate.sim.host import SimHostTier
-from flashstate.sim.profile import load_profile
+from flashstate.sim.profile import HostCallCosts, ProfileError, load_profile
 from flashstate.spec.hf_config import spec_of
 
 from .helpers import growing, run
+
+COSTS = [f.name for f in fields(HostCallCosts)]
 
 
 class Clock:
@@ -98,13 +102,14 @@ def test_the_engine_threads_time_in_the_tiers_calls_is_taken_once():
     tier, clock = _tier()
     tokens = list(range(1, 1001))
     tier.write_back(tokens, 1000, blocks=[], slot=0)
-    assert tier.take_engine_seconds() == sim_host.ENGINE_WRITE_BACK_S and tier.take_engine_seconds() == 0
+    calls = tier.calls  # the profile's; by default the 2B preset's measured costs
+    assert tier.take_engine_seconds() == calls.write_back_s and tier.take_engine_seconds() == 0
     clock.now = 10.0
     hit = tier.lookup(tokens, limit=1000)
     tier.start_restore(hit, first_chunk=0, kv_depth=1000, blocks=[], slot=0)
     taken = tier.take_engine_seconds()
-    assert taken == 1000 * (sim_host.ENGINE_LOOKUP_S_PER_TOKEN + sim_host.ENGINE_RESTORE_S_PER_TOKEN)
-    assert tier.engine_seconds == sim_host.ENGINE_WRITE_BACK_S + taken
+    assert taken == 1000 * (calls.lookup_s_per_token + calls.restore_s_per_token)
+    assert tier.engine_seconds == calls.write_back_s + taken
 
 
 def test_the_steps_wait_out_the_tiers_calls_unless_the_profile_holds_them(tmp_path):
@@ -121,3 +126,23 @@ def test_the_steps_wait_out_the_tiers_calls_unless_the_profile_holds_them(tmp_pa
     assert engine.host.engine_seconds > 0 and engine_free.host.engine_seconds > 0
     assert engine.busy_seconds > engine_free.busy_seconds
     assert len(charged.requests) == len(free.requests) == 36
+
+
+def test_the_profile_says_what_the_tiers_calls_cost(tmp_path):
+    # A profile's host section prices the calls (a real-size model's restores cost more per token than the
+    # 2B preset's defaults); zero costs charge nothing, and an unknown field is named.
+    sessions = [growing(f"s{i}", turns=6, first=3001 + 100 * i, step=2003, think=4.0) for i in range(6)]
+    flags = ["--kv-cache-memory-bytes", "700M", "--max-num-seqs", "6", "--host-cache", "memory"]
+    graphed = json.loads(Path(load_profile("h200-qwen3-next-2b-graphed").path).read_text())
+    runs = {}
+    for name, host in (("double", {"restore_s_per_token": 2.6e-6}), ("free", dict.fromkeys(COSTS, 0.0))):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(graphed | {"host": host}))
+        assert load_profile(str(path)).host_calls.restore_s_per_token == host["restore_s_per_token"]
+        runs[name] = run(sessions, "flashstate", flags, agents=6, profile=str(path))[1][0]
+    assert runs["double"].host.calls.restore_s_per_token == 2.6e-6 and runs["double"].host.engine_seconds > 0
+    assert runs["free"].host.engine_seconds == 0 and runs["free"].host.restores_started > 0
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(graphed | {"host": {"restore_s": 1e-6}}))
+    with pytest.raises(ProfileError, match="restore_s"):
+        load_profile(str(path))
