@@ -40,7 +40,7 @@ skip_without_router()
 
 SESSIONS = 5  # odd: round robin alternates a session's turns between the two replicas
 TURNS = 5  # turn 1 restores across replicas; the kill in turn 2 (again in 3 if it cut nothing), never 4
-MAX_TOKENS = 16
+MAX_TOKENS = 48  # a stream long enough that the kill, a /metrics sample after a token, lands inside one
 RETRIES = 6  # as the fleet kill test's bench replay
 VICTIM = 1
 CACHE_POLICY = "flashstate"  # FleetSpec's default: the replicas' and the single engine's
@@ -121,9 +121,10 @@ class Run:
 
 
 async def _kill_when_streaming(http: httpx.AsyncClient, fleet: Fleet, killed: asyncio.Event) -> None:
-    """SIGKILL the victim once it is running a request and has generated tokens since this began: a
+    """SIGKILL the victim once it is running a request and generated tokens since the previous sample: a
     stream is under way on it (a request killed before its first token is sent again by the router
-    itself). Then start it again on its port and wait until it answers."""
+    itself, so a count since this began could be an earlier stream's while a new one prefills). Then
+    start it again on its port and wait until it answers."""
     victim, before = fleet.replicas[VICTIM], None
     while True:
         try:
@@ -131,8 +132,9 @@ async def _kill_when_streaming(http: httpx.AsyncClient, fleet: Fleet, killed: as
         except httpx.HTTPError:
             m = {}
         tokens, running = _sample(m, "vllm:generation_tokens_total"), _sample(m, "vllm:num_requests_running")
-        before = tokens if before is None else before
-        if running >= 1 and tokens > before:
+        streaming = before is not None and running >= 1 and tokens > before
+        before = tokens
+        if streaming:
             victim.kill(signal.SIGKILL)
             killed.set()
             assert await asyncio.to_thread(fleet.restart_dead) == [VICTIM]
