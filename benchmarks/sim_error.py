@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from flashstate.bench.report import read_result
+from flashstate.bench.report import read_result, result_files
 from flashstate.cli import main as flashstate
 from flashstate.sim.recorded import METRICS, error, simulate_argv
 
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     rows = []
     for run in map(Path, args.runs):
-        files = sorted([*run.glob("result-*.json"), *run.glob("result-*.json.gz")])
+        files = result_files(run)
         if not files:
             ap.error(f"no result-*.json in {run}")
         for path in files:

@@ -29,6 +29,7 @@ from flashstate.bench.report import (
     markdown,
     over_whole_run,
     read_result,
+    result_files,
     write_report,
 )
 from flashstate.bench.synthetic_defaults import DEFAULT as SYNTHETIC_DEFAULT
@@ -229,7 +230,7 @@ def _report(args: argparse.Namespace) -> int:
     """Merge the result files of separate `bench compare`/`simulate` runs into one report."""
     results: dict[str, dict[str, Any]] = {}
     for given in map(Path, args.results):
-        files = _result_files(given)
+        files = result_files(given)
         if not files:
             raise ValueError(f"no result-*.json in {given}")
         for f in files:
@@ -244,20 +245,6 @@ def _report(args: argparse.Namespace) -> int:
     if reference not in names:
         raise ValueError(f"--reference {reference!r} is none of the results: {', '.join(names)}")
     return write_and_print_report(results, Path(args.out), reference, args.title)
-
-
-def _result_files(given: Path) -> list[Path]:
-    """A result file, or a run directory's result files (result-*.json, or gzipped) in its compare.json's
-    order (else by name)."""
-    if not given.is_dir():
-        return [given]
-    files = sorted([*given.glob("result-*.json"), *given.glob("result-*.json.gz")])
-    compare = given / "compare.json"
-    if compare.exists():
-        order = json.loads(compare.read_text()).get("policies", [])
-        rank = {f"result-{p}.json": i for i, p in enumerate(order)}
-        files.sort(key=lambda f: rank.get(f.name.removesuffix(".gz"), len(rank)))
-    return files
 
 
 def _stats(args: argparse.Namespace) -> int:

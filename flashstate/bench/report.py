@@ -125,6 +125,20 @@ def read_result(path: Path) -> dict[str, Any]:
     return json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text())
 
 
+def result_files(given: Path) -> list[Path]:
+    """A result file, or a run directory's result files (result-*.json, or gzipped) in its compare.json's
+    order (else by name)."""
+    if not given.is_dir():
+        return [given]
+    files = sorted([*given.glob("result-*.json"), *given.glob("result-*.json.gz")])
+    compare = given / "compare.json"
+    if compare.exists():
+        order = json.loads(compare.read_text()).get("policies", [])
+        rank = {f"result-{p}.json": i for i, p in enumerate(order)}
+        files.sort(key=lambda f: rank.get(f.name.removesuffix(".gz"), len(rank)))
+    return files
+
+
 def write_json(path: Path, doc: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
