@@ -4,6 +4,7 @@ the time to first token went."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 from typing import Any
@@ -31,8 +32,9 @@ def summarize(steps: list[dict[str, Any]], requests: list[dict[str, Any]]) -> di
 
 
 def read_trace(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(step rows, request rows) of a step trace file."""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """(step rows, request rows) of a step trace file (gzipped where it ends in .gz)."""
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     return [r for r in rows if "request" not in r], [r for r in rows if "request" in r]
 
 

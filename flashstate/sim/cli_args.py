@@ -36,6 +36,12 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
         "engine's cost model stays: how far a result moves with a few percent of step cost (a run near a "
         "cliff moves further than the simulator's error)",
     )
+    sim.add_argument(
+        "--step-trace",
+        action="store_true",
+        help="write each run's step trace as `bench compare` keeps the server's (steps-<label>.jsonl.gz in "
+        "--out: a row per step, a line per finished request; the first engine's), to set beside a card's",
+    )
     compare_args(sim)
     workload_args(sim)
     replay_args(sim)

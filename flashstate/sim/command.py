@@ -4,6 +4,7 @@ and ReplayConfig; one simulated run per policy; results written like `bench comp
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import shlex
 import sys
@@ -33,6 +34,7 @@ from flashstate.sim.fit import (
     fit_chat_costs,
     fit_request_overhead,
     fitted_profile,
+    loop_share,
     read_request_lines,
     read_steps,
 )
@@ -82,8 +84,10 @@ def simulate(
     replay: ReplayConfig,
     sessions: Any,
     model: str | None = None,
+    step_trace: Path | None = None,
 ) -> tuple[Any, dict[str, Any]]:
-    """One simulated run: (ReplayResult, facts about the simulation for the result's `server`)."""
+    """One simulated run: (ReplayResult, facts about the simulation for the result's `server`); with
+    `step_trace`, the first engine's step rows and request lines written there (gzipped JSON lines)."""
     loop = EventLoop()
     engines = make_engines(profile, config, replay.num_gpus, loop, model)
     if replay.max_context is None:
@@ -93,14 +97,16 @@ def simulate(
     overhead = profile.request_overhead_for(replay.mode)
     run = SimReplay(replay, engines, loop, source, overhead, profile.chat).run()
     run.model = model or profile.model
+    rows = [dict(zip(STEP_FIELDS, r, strict=True)) for r in engines[0].step_rows]
+    if step_trace is not None:
+        lines = (json.dumps(r) + "\n" for r in [*rows, *engines[0].request_rows])
+        step_trace.write_bytes(gzip.compress("".join(lines).encode()))
     facts = profile.describe() | {
         "cache_plan": engines[0].plan.describe(),
         "engines": len(engines),
         "engine_steps": sum(e.steps for e in engines),
         "engine_busy_s": sum(e.busy_seconds for e in engines),
-        "steps": summarize(
-            [dict(zip(STEP_FIELDS, r, strict=True)) for r in engines[0].step_rows], engines[0].request_rows
-        ),
+        "steps": summarize(rows, engines[0].request_rows),
         "cpu_s": time.process_time() - t0,
         "cache_stats": [_stats(e) for e in engines],
     }
@@ -150,9 +156,13 @@ def _run(args: argparse.Namespace) -> int:
     # every bad flag before any run
     configs = {v.name: engine_config(profile, [*serve_args, *v.serve_args], v.policy) for v in variants}
     results = {}
+    out = Path(out_dir_from_args(args))
+    if args.step_trace:
+        out.mkdir(parents=True, exist_ok=True)
     for v in variants:
         print(f"== {v.name}: simulating on {profile.name}", file=sys.stderr)
-        run, facts = simulate(profile, configs[v.name], replay, workload(), args.model)
+        trace = out / f"steps-{v.name}.jsonl.gz" if args.step_trace else None
+        run, facts = simulate(profile, configs[v.name], replay, workload(), args.model, trace)
         server = {
             "command": ["flashstate", "simulate", *sys.argv[2:]] if sys.argv[1:2] == ["simulate"] else None,
             "cache_policy": v.policy,
@@ -162,7 +172,7 @@ def _run(args: argparse.Namespace) -> int:
         results[v.name] = build_result(run, v.name, info, scale, prices_from_args(args), server)
         print(f"== {v.name}: {facts['cpu_s']:.1f} s CPU, {facts['engine_steps']} steps", file=sys.stderr)
     title = f"flashstate simulate ({profile.name}): {', '.join(names)}"
-    return write_and_print_report(results, Path(out_dir_from_args(args)), reference, title)
+    return write_and_print_report(results, out, reference, title)
 
 
 def run_simulate(args: argparse.Namespace) -> int:
@@ -217,6 +227,7 @@ def run_fit_profile(args: argparse.Namespace) -> int:
         f"{1e9 * doc['request']['overhead_per_token_s']:.0f} ns/prompt token"
         + (_chat_said(doc["chat"]) if mode == "chat" else "")
     )
+    print(f"engine loop between steps: {100 * loop_share(rows):.1f}% of the traced steps' spans")
     return 0
 
 

@@ -285,7 +285,8 @@ class SimEngine:
                 context: int = 0, repeat: int = 1, graphed: bool = False) -> None:  # fmt: skip
         """Step rows as `--step-trace` writes them: `batch` before it runs, or (a folded run of `repeat`
         decode steps taking `seconds` in all) `decodes` sequences holding `context` tokens at the first;
-        `graphed` as the engine would have run it."""
+        `graphed` as the engine would have run it. The running and waiting counts are the scheduler's now,
+        and the step's end sets the last row's (`_counted`), as a server's trace counts them after a step."""
         tokens = seqs = pairs = 0
         if batch is not None:
             tokens, seqs, decodes, pairs, context = step_shape(batch.seqs, batch.num_tokens, computed=False)
@@ -307,8 +308,15 @@ class SimEngine:
             for i in range(repeat)
         )
 
+    def _counted(self) -> None:
+        """The last step row's running and waiting counts as the step left them."""
+        if self.step_rows:
+            row, sched = self.step_rows[-1], self.scheduler
+            self.step_rows[-1] = (*row[:5], len(sched.running), len(sched.waiting), *row[7:])
+
     def finish_decode_run(self) -> None:
         self.busy = False
+        self._counted()
 
     def finish_step(self, batch: ScheduledBatch) -> None:
         """The step's results at its end time, through the scheduler's update as in the engine."""
@@ -336,6 +344,7 @@ class SimEngine:
                 seq.stats.finished_time = now
                 self.request_rows.append(request_row(seq, 0.0))
                 done.append(self._requests.pop(id(seq)))
+        self._counted()
         for req in done:
             if req.on_finish is not None:
                 req.on_finish(now)

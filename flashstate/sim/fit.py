@@ -9,9 +9,15 @@ step and, where the trace marks some steps `graphed` (replayed as a mixed-step C
 graphed_step_s for those. Least squares with non-negative coefficients (a term whose weight would go
 negative is dropped and the rest refitted).
 
-A step's time is its own: a trace of a server with a host tier gives each step the engine thread's time
-inside the tier's calls (`host_ms`), which is taken out, since the simulator charges those calls one by
-one at their measured rates (sim/host.py) and a policy without a tier makes none.
+A step's time is its span: from the end of the traced step before it (where that one left requests running
+or waiting, so the engine loop went straight on) to its own end. Between two step calls the engine loop
+delivers the outputs and adds the requests that arrived (under memory admission, each one's cached depth is
+looked up then, in the GPU tree and the host tier): the simulator runs its steps back to back, so that time
+is the steps'. On the card it is 0.5% of the engine's time under the vllm policy and 4–5% under flashstate
+with a host tier (read_steps' `gap_ms`). A trace of a server with a host tier gives each step the engine
+thread's time inside the tier's calls since the step before ended (`host_ms`, the look-ups of that gap
+included), which is taken out, since the simulator charges those calls one by one at their measured rates
+(sim/host.py) and a policy without a tier makes none.
 
 A request's overhead outside the engine (profile "request") is fitted from the same runs' bench results:
 each client record is paired with the server's request line of the same prompt and cached length (pairs
@@ -85,9 +91,11 @@ def fit_request_overhead(server: list[dict[str, Any]], client: list[dict[str, An
 
 
 def read_steps(paths: list[Path]) -> list[dict[str, Any]]:
-    """The rows of step trace files; ValueError naming the file when one is unreadable or too old."""
+    """The rows of step trace files, each with its `gap_ms` (with_gaps); ValueError naming the file when one
+    is unreadable or too old."""
     rows = []
     for path in paths:
+        start = len(rows)
         for i, line in enumerate(_lines(path), 1):
             if not line.strip():
                 continue
@@ -103,7 +111,28 @@ def read_steps(paths: list[Path]) -> list[dict[str, Any]]:
                     f"{path}:{i}: a step row without {', '.join(missing)} (a trace from an older server)"
                 )
             rows.append(row)
+        with_gaps(rows[start:])
     return rows
+
+
+def with_gaps(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Sets each of one trace's step `rows` its `gap_ms`: the engine loop's time from the end of the row
+    before to its own start, where that row left requests running or waiting (else the loop may have idled:
+    0, as for the first row). A row already carrying `gap_ms` keeps it."""
+    prev = None
+    for row in rows:
+        if "gap_ms" not in row:
+            busy = prev is not None and "t" in row and prev.get("running", 0) + prev.get("waiting", 0) > 0
+            row["gap_ms"] = max(1e3 * (row["t"] - prev["t"]) - prev["ms"], 0.0) if busy else 0.0
+        prev = row
+    return rows
+
+
+def loop_share(rows: list[dict[str, Any]]) -> float:
+    """The engine loop's share of the steps' spans: their `gap_ms` over gap_ms + ms, all rows together."""
+    gaps = sum(r.get("gap_ms", 0.0) for r in rows)
+    total = gaps + sum(r["ms"] for r in rows)
+    return gaps / total if total > 0 else 0.0
 
 
 def _nonneg_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -124,9 +153,14 @@ def _r2(x: np.ndarray, y: np.ndarray, coef: np.ndarray) -> float:
     return float(1 - (residual**2).sum() / total) if total > 0 else 1.0
 
 
+def _span_seconds(row: dict[str, Any]) -> float:
+    """A traced step's span: the engine loop's time before it (`gap_ms`) and its own."""
+    return (row.get("gap_ms", 0.0) + row["ms"]) / 1e3
+
+
 def _own_seconds(row: dict[str, Any]) -> float:
-    """A traced step's seconds less the engine thread's time inside the host tier's calls."""
-    return (row["ms"] - row.get("host_ms", 0.0)) / 1e3
+    """A traced step's span less the engine thread's time inside the host tier's calls."""
+    return _span_seconds(row) - row.get("host_ms", 0.0) / 1e3
 
 
 def fit_steps(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -171,6 +205,7 @@ def fit_steps(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "prefill_steps": len(prefill_rows),
             "prefill_graphed_steps": sum(graphed),
             "prefill_r2": _r2(x, y, coef),
+            "loop_share": loop_share(rows),
         },
     }
 
@@ -237,7 +272,8 @@ def _steps_said(fit: dict[str, Any], sources: list[str], base: Profile) -> str:
         f"fitted by `flashstate fit-profile` from {q['decode_steps']} pure-decode steps "
         f"(R2 {q['decode_r2']:.2f}) and {q['prefill_steps']} steps with prefill, "
         f"{q['prefill_graphed_steps']} of them graphed (R2 {q['prefill_r2']:.2f}) of {', '.join(sources)}, "
-        "each less its host-tier calls"
+        f"each step's span (the engine loop's time before it included: {100 * q['loop_share']:.1f}% of the "
+        "spans) less its host-tier calls"
     )
 
 
@@ -247,8 +283,8 @@ def fit_chat_costs(profile: Profile, traces: list[tuple[Rows, Rows]], client: Ro
 
     Template: a prompt's tokens on the server less the tokens of text sent, fitted as header_tokens +
     text_share · sent + 2 · per_message_tokens · turn (each turn adds an answer and a new message).
-    Engine thread: each step's own time less the profile's price, fitted as k + c · (prompt tokens of the
-    requests reaching the engine during the step); c is engine_per_token_s."""
+    Engine thread: each step's span less its host-tier calls and the profile's price, fitted as k + c ·
+    (prompt tokens of the requests reaching the engine during the span); c is engine_per_token_s."""
     done = [r for r in client if r.get("error") is None and r.get("sent_tokens") is not None]
     if len(done) < 20:
         raise ValueError(f"chat costs: only {len(done)} answered requests in the results")
@@ -261,7 +297,8 @@ def fit_chat_costs(profile: Profile, traces: list[tuple[Rows, Rows]], client: Ro
         times = [t for t, _ in arrivals]
         reached = np.concatenate([[0.0], np.cumsum([n for _, n in arrivals])])
         for r in steps:
-            lo, hi = bisect.bisect_left(times, r["t"]), bisect.bisect_left(times, r["t"] + r["ms"] / 1e3)
+            start = r["t"] - r.get("gap_ms", 0.0) / 1e3
+            lo, hi = bisect.bisect_left(times, start), bisect.bisect_left(times, r["t"] + r["ms"] / 1e3)
             xs.append([1.0, reached[hi] - reached[lo]])
             ys.append(_own_seconds(r) - _modelled(profile, r))
     if not xs:
@@ -290,8 +327,8 @@ def step_model_error(profile: Profile, rows: list[dict[str, Any]]) -> dict[str, 
     """How `profile`'s step model prices recorded steps: {"decode": …, "prefill": …}, each the steps'
     count, their measured and modelled seconds, and the relative error (modelled / measured − 1). A step
     with prefill that the trace marks `graphed` costs the profile's graphed_step_s where it has one, any
-    other step_s (traces from before the field say nothing: eager). Measured is each step's own time
-    unless the profile's steps hold the host tier's calls."""
+    other step_s (traces from before the field say nothing: eager). Measured is each step's span less its
+    host-tier calls, or the whole span where the profile's steps hold those calls."""
 
     kinds = {
         "decode": [r for r in rows if not r["prefill_tokens"] and r["decode_seqs"]],
@@ -299,7 +336,7 @@ def step_model_error(profile: Profile, rows: list[dict[str, Any]]) -> dict[str, 
     }
     out: dict[str, dict[str, float]] = {}
     for kind, picked in kinds.items():
-        measured = sum(r["ms"] / 1e3 if profile.host_calls_in_steps else _own_seconds(r) for r in picked)
+        measured = sum(_span_seconds(r) if profile.host_calls_in_steps else _own_seconds(r) for r in picked)
         model = sum(_modelled(profile, r) for r in picked)
         out[kind] = {
             "steps": len(picked),

@@ -10,7 +10,8 @@ bytes are counted, not copied, and time comes from measured rates.
 
 The engine thread's own time inside the tier's calls is charged too, to the step that follows them (the
 real tier runs them on the engine thread between steps): a lookup hashes and walks the prompt's chunks, a
-restore issues its copies, a write-back stages the state's device → host copies.
+restore (start_restore and load in the real tier) reads and verifies its objects when the fetch is inline
+and copies them into the blocks, a write-back stages the state's device → host copies.
 
 Rates: the H200's measured host tier (docs/history/benchmarks-2026-11.md, "Host tier, session 4"): a 1,248 MiB
 state read, verified and copied to the device in 0.372 s (3.5 GB/s end to end); its background write-back in

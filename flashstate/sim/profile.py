@@ -101,14 +101,17 @@ class HostCallCosts:
     """The engine thread's seconds in the host tier's calls (the profile's "host" section). Defaults: the
     qwen3-next-2b preset's, from `host_cache_engine_seconds_total` of two headline-flags runs on the H200
     (chat and token mode, 2026-12-04, benchmarks/RESULTS.md): lookups 0.12–0.19 µs per prompt token per
-    request (two lookups each), restores 1.27–1.35 µs per restored token, write-backs 3.2–3.9 ms a state."""
+    request (two lookups each), restores 1.51–1.54 µs per restored token (`start_restore`'s 1.27–1.35, which
+    reads and verifies the objects when the fetch is inline, and `load`'s 0.19–0.24, which copies them into
+    the blocks), write-backs 3.2–3.9 ms a state."""
 
     lookup_s_per_token: float = 7.5e-8
-    restore_s_per_token: float = 1.3e-6
+    restore_s_per_token: float = 1.5e-6
     write_back_s: float = 3.5e-3
 
 
 MEASURED_2B_HOST_CALLS = HostCallCosts()
+
 
 @dataclass(frozen=True, slots=True)
 class Profile:

@@ -4,6 +4,7 @@ import gzip
 import json
 
 from flashstate.bench.report import RESULT_SCHEMA, markdown, plots
+from flashstate.bench.step_summary import read_trace, summarize
 from flashstate.cli import main
 
 
@@ -87,6 +88,24 @@ def test_simulate_writes_bench_results(tmp_path, capsys):
     assert doc["summary"]["requests"] == len(answered) and doc["summary"]["window_s"] == doc["wall_s"]
     assert doc["summary"]["output_tokens"] == sum(r["output_tokens"] for r in answered)
     assert "read over the whole run" in (whole / "report.md").read_text()
+
+
+def test_simulate_writes_the_step_trace_a_server_keeps(tmp_path):
+    """`--step-trace`: steps-<label>.jsonl.gz beside the result, a row per step and a line per finished
+    request as a server's `--step-trace` writes them (counts as the step left them), which the result's
+    step summary and `fit-profile` read."""
+    out = tmp_path / "sim"
+    argv = ["simulate", "--policies", "flashstate", "--agents", "3", "--warmup", "0", "--duration", "300",
+            "--seed", "1", "--serve-args", "--kv-cache-memory-bytes 2G --max-num-seqs 8", "--step-trace",
+            "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    steps, requests = read_trace(out / "steps-flashstate.jsonl.gz")
+    sim = json.loads((out / "result-flashstate.json").read_text())["server"]["simulated"]
+    assert len(steps) == sim["engine_steps"] and summarize(steps, requests) == sim["steps"]
+    assert len(requests) == sim["steps"]["ttft_parts"]["requests"] > 0
+    assert steps[-1]["running"] == steps[-1]["waiting"] == 0  # the last step left nothing behind
+    trace = out / "steps-flashstate.jsonl.gz"
+    assert main(["fit-profile", str(trace), "--out", str(tmp_path / "p.json")]) == 0
 
 
 def test_bad_input_is_one_line(tmp_path, capsys):

@@ -5,7 +5,7 @@ import pytest
 
 from flashstate.bench.step_summary import STEP_FIELDS
 from flashstate.cli import main
-from flashstate.sim.fit import fit_steps
+from flashstate.sim.fit import fit_steps, read_steps
 from flashstate.sim.profile import DEFAULT_PROFILE, PROFILES_DIR, load_profile
 
 from .helpers import growing, run
@@ -114,3 +114,43 @@ def test_the_host_tiers_calls_are_taken_out_of_the_steps(tmp_path):
     fitted = load_profile(str(tmp_path / "p.json"))
     assert not fitted.host_calls_in_steps
     assert fitted.host_calls == load_profile().host_calls  # what the calls cost: the base profile's
+
+
+def _with_loop_time(rows: list[dict], busy_ms, idle_ms: float) -> list[dict]:
+    """`rows` re-timed as a server's trace: after a row that left requests running or waiting, the engine loop
+    takes busy_ms(i) before the next step; after one that left none, it idles idle_ms."""
+    out, t = [], rows[0]["t"]
+    for i, r in enumerate(rows):
+        if i:
+            prev = rows[i - 1]
+            t += prev["ms"] / 1e3 + (busy_ms(i) if prev["running"] + prev["waiting"] else idle_ms) / 1e3
+        out.append(r | {"t": t})
+    return out
+
+
+def test_the_engine_loops_time_between_steps_is_the_steps(tmp_path):
+    """The simulator runs steps back to back; a server's engine loop delivers outputs and adds arrivals
+    between them. The fit charges that time to the step after it, unless the loop had nothing to do (an idle
+    wait is no step's); where it is the host tier's look-ups (in the next row's `host_ms`), it comes out with
+    them."""
+    rows = _sim_rows(tmp_path)
+    assert any(not (r["running"] + r["waiting"]) for r in rows[:-1])  # the trace has idle waits to skip
+    loop = lambda i: 0.4 + 1.2 * (i % 3)  # noqa: E731
+    trace = tmp_path / "steps.jsonl"
+    timed = _with_loop_time(rows, loop, idle_ms=250.0)
+    trace.write_text("".join(json.dumps(r) + "\n" for r in timed))
+    read = read_steps([trace])
+    busy = [bool(i) and bool(rows[i - 1]["running"] + rows[i - 1]["waiting"]) for i in range(len(rows))]
+    gaps = [loop(i) if b else 0.0 for i, b in enumerate(busy)]
+    assert [r["gap_ms"] for r in read] == pytest.approx(gaps)
+    spans = [r | {"ms": r["ms"] + g} for r, g in zip(rows, gaps, strict=True)]
+    got, want = fit_steps(read), fit_steps(spans)
+    for part in ("decode", "prefill"):
+        assert got[part] == pytest.approx(want[part], rel=1e-9), part
+    assert got["decode"]["base_s"] > MODEL["decode"]["base_s"]
+    # the same loop time spent in the host tier's calls: taken out with them, the model comes back
+    looked_up = [r | {"host_ms": r["gap_ms"]} for r in read]
+    fit = fit_steps(looked_up)
+    for part in ("decode", "prefill"):
+        for key, want in MODEL[part].items():
+            assert fit[part][key] == pytest.approx(want, rel=1e-6), (part, key)

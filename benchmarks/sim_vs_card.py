@@ -1,0 +1,156 @@
+"""Where a simulated run and the card run it replays part: a recorded `bench compare` result is simulated on
+a profile with its own workload and flags (flashstate/sim/recorded.py) and `--step-trace`, and the two step
+traces are set side by side over the whole run:
+
+- the engine: steps, wall time per step (its call and the engine loop's time before it: sim/fit.py's span),
+  the loop's share of it, the running set and the queue over time, and the engine thread's seconds in the
+  host tier's calls;
+- how the profile's step model prices the card's steps (sim/fit.py's step_model_error);
+- the requests, by where they resumed (host restore, GPU hit, cold: under half the prompt cached): how long
+  they waited to be admitted (p50 / p90), their time from arrival to first token on the server (p50 / p90);
+  how many mostly-cached ones waited over 0.2 s; how long a request stayed from admission to its end.
+
+    C=benchmarks/results/card-2026-12-04
+    PYTHONPATH=. python benchmarks/sim_vs_card.py $C/tune-0.5-flashstate-host \\
+        --profile h200-qwen3-next-2b-tune --traces /path/to/traces/claude-code --out bench-results/vs
+
+Prints a markdown table (card, simulated, simulated / card − 1); writes it to --out/vs.md with the simulation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from flashstate.bench.report import read_result, result_files
+from flashstate.bench.step_summary import read_trace
+from flashstate.cli import main as flashstate
+from flashstate.sim.fit import loop_share, read_steps, step_model_error, with_gaps
+from flashstate.sim.profile import Profile, load_profile
+from flashstate.sim.recorded import simulate_argv
+
+SLOW_WAIT_S = 0.2
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    return float(np.percentile(xs, q)) if xs else None
+
+
+def _kind(r: dict[str, Any]) -> str:
+    if r.get("fetched") is not None:
+        return "host"
+    return "gpu" if 2 * r["cached_tokens"] >= r["prompt_tokens"] else "cold"
+
+
+def engine_facts(steps: list[dict[str, Any]]) -> dict[str, float]:
+    rows = with_gaps([dict(r) for r in steps])
+    spans = np.array([r["gap_ms"] + r["ms"] for r in rows])
+    weighted = {}
+    for key in ("running", "waiting"):  # as each step left them, over its span
+        counts = np.array([r[key] for r in rows])
+        weighted[f"{key}, time-weighted mean"] = float(counts @ spans / spans.sum()) if len(rows) else 0.0
+    return {
+        "steps": len(rows),
+        "ms per step (span)": float(spans.mean()) if len(rows) else 0.0,
+        "engine loop, % of spans": 100 * loop_share(rows),
+    } | weighted
+
+
+def request_facts(requests: list[dict[str, Any]]) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for kind in ("host", "gpu", "cold"):
+        rs = [r for r in requests if _kind(r) == kind and r.get("first_token") is not None]
+        waits = [r["admitted"] - r["arrival"] for r in rs]
+        ttfts = [r["first_token"] - r["arrival"] for r in rs]
+        out[f"{kind}: requests"] = len(rs)
+        out[f"{kind}: admission wait p50 (s)"] = _pct(waits, 50)
+        out[f"{kind}: admission wait p90 (s)"] = _pct(waits, 90)
+        out[f"{kind}: server TTFT p50 (s)"] = _pct(ttfts, 50)
+        out[f"{kind}: server TTFT p90 (s)"] = _pct(ttfts, 90)
+    cached = [r for r in requests if _kind(r) != "cold"]
+    out[f"cached: waited over {SLOW_WAIT_S} s"] = sum(
+        r["admitted"] - r["arrival"] > SLOW_WAIT_S for r in cached
+    )
+    done = [r["finished"] - r["admitted"] for r in requests if r.get("finished") is not None]
+    out["admitted to finished, mean (s)"] = float(np.mean(done)) if done else None
+    return out
+
+
+def host_seconds(result: dict[str, Any]) -> float | None:
+    """The engine thread's seconds in the host tier's calls over the run: a card's from its metrics, a
+    simulation's from its cache stats."""
+    sim = result["server"].get("simulated")
+    if sim is not None:
+        return sum(s.get("host_engine_s", 0.0) for s in sim["cache_stats"])
+    delta = (result.get("server_metrics") or {}).get("delta") or {}
+    found = [v for k, v in delta.items() if k.startswith("flashstate:host_cache_engine_seconds_total")]
+    return sum(found) if found else None
+
+
+def facts(result: dict[str, Any], trace: Path) -> dict[str, float | None]:
+    steps, requests = read_trace(trace)
+    return engine_facts(steps) | {"host-tier calls (s)": host_seconds(result)} | request_facts(requests)
+
+
+def priced(profile: Profile, trace: Path) -> str:
+    """How the profile's step model prices the card's steps (their spans less the host tier's calls)."""
+    errors = step_model_error(profile, read_steps([trace]))
+    said = ", ".join(f"{kind} {e['error']:+.1%} ({e['steps']:,} steps)" for kind, e in errors.items())
+    measured = sum(e["measured_s"] for e in errors.values())
+    modelled = sum(e["modelled_s"] for e in errors.values())
+    return f"The profile's step model on the card's steps: {said}; all {modelled / measured - 1:+.1%}."
+
+
+def _fmt(v: float | None) -> str:
+    if v is None:
+        return "–"
+    if abs(v) < 5e-4:
+        return "0"
+    return f"{v:,.0f}" if abs(v) >= 100 or float(v).is_integer() else f"{v:.3g}"
+
+
+def table(card: dict[str, float | None], sim: dict[str, float | None]) -> str:
+    lines = ["| | card | simulated | error |", "|---|---:|---:|---:|"]
+    for name, want in card.items():
+        got = sim.get(name)
+        err = f"{got / want - 1:+.0%}" if got is not None and want else "–"
+        lines.append(f"| {name} | {_fmt(want)} | {_fmt(got)} | {err} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run", help="a directory of one recorded bench result and its step trace")
+    ap.add_argument("--profile", required=True, help="simulator profile: a shipped name or a JSON file")
+    ap.add_argument("--traces", required=True, help="the trace set the run replayed")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    run, out = Path(args.run), Path(args.out)
+    files = result_files(run)
+    if len(files) != 1:
+        ap.error(f"{run}: {len(files)} bench results (one wanted)")
+    card = read_result(files[0])
+    card_trace = next(run.glob(f"steps-{card['label']}.jsonl*"), None)
+    if card_trace is None:
+        ap.error(f"{run}: no steps-{card['label']}.jsonl(.gz): the run kept no step trace")
+    argv_sim = [*simulate_argv(card, args.profile, args.traces), "--step-trace", "--out", str(out)]
+    with contextlib.redirect_stdout(io.StringIO()):
+        if flashstate(argv_sim) != 0:
+            raise SystemExit(f"sim_vs_card: simulate failed ({' '.join(argv_sim)})")
+    sim = read_result(out / f"result-{card['label']}.json")
+    text = table(facts(card, card_trace), facts(sim, out / f"steps-{card['label']}.jsonl.gz"))
+    text += "\n\n" + priced(load_profile(args.profile), card_trace)
+    title = f"{run.name} on {args.profile} (whole run)"
+    (out / "vs.md").write_text(f"# {title}\n\n{text}\n")
+    print(f"{title}\n\n{text}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

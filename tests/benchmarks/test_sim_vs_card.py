@@ -1,0 +1,50 @@
+"""benchmarks/sim_vs_card.py on a recorded card run: the run simulated with its own flags and a step trace,
+and the two traces' engine and request figures side by side."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from flashstate.bench.step_summary import read_trace
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN = ROOT / "benchmarks/results/card-2026-12-04/validate-0.5-vllm"
+
+
+def _script(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
+    argv = [sys.executable, str(ROOT / "benchmarks/sim_vs_card.py"), *args]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
+
+
+def _cells(table: str) -> dict[str, list[str]]:
+    rows = [line.strip("|").split("|") for line in table.splitlines() if line.startswith("| ")]
+    return {r[0].strip(): [c.strip() for c in r[1:]] for r in rows}
+
+
+def test_the_card_and_its_simulation_side_by_side(traces, tmp_path):
+    done = _script(
+        str(RUN), "--profile", "h200-qwen3-next-2b-tune", "--traces", str(traces), "--out", str(tmp_path)
+    )
+    assert done.returncode == 0, done.stderr
+    text = (tmp_path / "vs.md").read_text()
+    assert "The profile's step model on the card's steps: decode" in text
+    cells = _cells(text)
+    card_steps, card_requests = read_trace(RUN / "steps-vllm.jsonl.gz")
+    sim_steps, sim_requests = read_trace(tmp_path / "steps-vllm.jsonl.gz")
+    assert cells["steps"][:2] == [f"{len(card_steps):,}", f"{len(sim_steps):,}"]
+    assert cells["engine loop, % of spans"][1] == "0"  # the simulator runs its steps back to back
+    kinds = ("host", "gpu", "cold")
+    assert sum(int(cells[f"{k}: requests"][0].replace(",", "")) for k in kinds) == len(card_requests)
+    assert sum(int(cells[f"{k}: requests"][1].replace(",", "")) for k in kinds) == len(sim_requests)
+    assert cells["host: requests"][:2] == ["0", "0"] and cells["host-tier calls (s)"][:2] == ["–", "0"]
+
+
+def test_a_run_without_a_step_trace_is_refused(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    result = next(RUN.glob("result-vllm.json*"))
+    (run / result.name).write_bytes(result.read_bytes())  # the result without its step trace
+    done = _script(str(run), "--profile", "x", "--traces", "x", "--out", str(tmp_path / "o"))
+    assert done.returncode == 2 and "kept no step trace" in done.stderr
