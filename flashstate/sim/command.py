@@ -73,6 +73,7 @@ def make_engines(
             charge_host_calls=not profile.host_calls_in_steps,
             engine_cost=profile.engine_cost,
             host_calls=profile.host_calls,
+            events=profile.events,
         )
         for _ in range(n)
     ]
@@ -223,6 +224,8 @@ def run_fit_profile(args: argparse.Namespace) -> int:
         f"{1e9 * d['per_token_s']:.3f} ns/context token; C(n) = {p['a']:.3e}·n + {p['b']:.3e}·n² s, "
         f"{1e3 * p['step_s']:.1f} ms per step with prefill"
         + (f" ({1e3 * p['graphed_step_s']:.1f} ms graphed)" if "graphed_step_s" in p else "")
+        + f"; {1e3 * doc['events']['admit_s']:.2f} ms per request admitted, "
+        f"{1e3 * doc['events']['finish_s']:.2f} ms per request finished"
         + f"; request overhead {1e3 * doc['request']['overhead_s']:.1f} ms + "
         f"{1e9 * doc['request']['overhead_per_token_s']:.0f} ns/prompt token"
         + (_chat_said(doc["chat"]) if mode == "chat" else "")

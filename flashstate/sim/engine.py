@@ -37,7 +37,13 @@ from flashstate.engine.step_trace import request_row, step_shape
 from flashstate.sampling_params import SamplingParams
 from flashstate.sequence import RequestStats, Sequence
 from flashstate.sim.host import SimHostTier
-from flashstate.sim.profile import MEASURED_2B_HOST_CALLS, DecodeModel, HostCallCosts
+from flashstate.sim.profile import (
+    MEASURED_2B_HOST_CALLS,
+    NO_STEP_EVENTS,
+    DecodeModel,
+    HostCallCosts,
+    StepEvents,
+)
 from flashstate.spec.model_spec import DTYPES, ModelSpec
 
 
@@ -100,8 +106,10 @@ class SimEngine:
         charge_host_calls: bool = True,
         engine_cost: PrefillCost | None = None,  # the engine's cost model where it is not `prefill`
         host_calls: HostCallCosts = MEASURED_2B_HOST_CALLS,  # the engine thread in the host tier's calls
+        events: StepEvents = NO_STEP_EVENTS,  # the engine thread per request a step admits or finishes
     ):
         self.config = config
+        self.events = events
         self.charge_host_calls = charge_host_calls  # False: the profile's steps already hold them
         self.prefill, self.decode, self.prefill_step_s = prefill, decode, prefill_step_s
         # the simulated GPU graphs mixed steps as the engine would, where the profile has their cost
@@ -205,11 +213,24 @@ class SimEngine:
         graphed = self.buckets is not None and self.buckets.bucket(batch) is not None
         fixed = self.graphed_step_s if graphed else self.prefill_step_s
         seconds = step_seconds(batch, self.prefill, self.decode, fixed) + self._outside_seconds()
+        seconds += self.events(*self._events(batch))
         self.steps += 1
         self.busy_seconds += seconds
         decode_graph = not self.config.enforce_eager and decode_shaped(batch)
         self._record(self._clock(), seconds, batch, graphed=graphed or decode_graph)
         return batch, seconds
+
+    @staticmethod
+    def _events(batch: ScheduledBatch) -> tuple[int, int]:
+        """(requests `batch` runs for the first time, requests it finishes): each runs its first step the
+        step it is admitted in (a restored one, the step its restore lands in), and every simulated request
+        ends at its max_tokens."""
+        first = sum(s.stats.first_scheduled_time is None for s in batch.seqs)
+        last = sum(
+            batch.samples(i) and len(s.token_ids) - s.num_prompt_tokens + 1 >= s.params.max_tokens
+            for i, s in enumerate(batch.seqs)
+        )
+        return first, last
 
     def _outside_seconds(self) -> float:
         """The engine thread's time outside the steps since the last one took it: the host tier's calls and

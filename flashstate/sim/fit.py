@@ -2,12 +2,14 @@
 server under load), so the simulator prices steps as that engine ran them.
 
 Rows without prefill tokens fit the decode step, ms = base + per_seq · B + per_token · T (B decoding
-sequences holding T tokens). Rows with prefill fit C(n) = a·n + b·n² through what is left after their
-decoding rows: a chunk of n tokens resuming at depth p costs a·n + b·((p + n)² − p²), and the trace's
-`prefill_tokens` and `prefill_pairs` are those two sums, plus a fixed cost per step: step_s for an eager
-step and, where the trace marks some steps `graphed` (replayed as a mixed-step CUDA graph) and not others,
-graphed_step_s for those. Least squares with non-negative coefficients (a term whose weight would go
-negative is dropped and the rest refitted).
+sequences holding T tokens) + finish_s · F (F requests the step finished). Rows with prefill fit
+C(n) = a·n + b·n² through what is left after their decoding rows: a chunk of n tokens resuming at depth p
+costs a·n + b·((p + n)² − p²), and the trace's `prefill_tokens` and `prefill_pairs` are those two sums,
+plus a fixed cost per step: step_s for an eager step and, where the trace marks some steps `graphed`
+(replayed as a mixed-step CUDA graph) and not others, graphed_step_s for those, plus admit_s per request
+the step admitted. A step's admissions and finishes are read off the trace's request lines (`admitted`,
+`finished` stamped inside it: read_steps' `admitted`, `finished`). Least squares with non-negative
+coefficients (a term whose weight would go negative is dropped and the rest refitted).
 
 A step's time is its span: from the end of the traced step before it (where that one left requests running
 or waiting, so the engine loop went straight on) to its own end. Between two step calls the engine loop
@@ -91,11 +93,11 @@ def fit_request_overhead(server: list[dict[str, Any]], client: list[dict[str, An
 
 
 def read_steps(paths: list[Path]) -> list[dict[str, Any]]:
-    """The rows of step trace files, each with its `gap_ms` (with_gaps); ValueError naming the file when one
-    is unreadable or too old."""
+    """The rows of step trace files, each with its `gap_ms` (with_gaps) and its `admitted` and `finished`
+    (with_events); ValueError naming the file when one is unreadable or too old."""
     rows = []
     for path in paths:
-        start = len(rows)
+        start, requests = len(rows), []
         for i, line in enumerate(_lines(path), 1):
             if not line.strip():
                 continue
@@ -104,6 +106,7 @@ def read_steps(paths: list[Path]) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 raise ValueError(f"{path}:{i}: not a JSON line") from None
             if "request" in row:  # a request's line, not a step
+                requests.append(row)
                 continue
             missing = [k for k in NEEDED if k not in row]
             if missing:
@@ -112,6 +115,31 @@ def read_steps(paths: list[Path]) -> list[dict[str, Any]]:
                 )
             rows.append(row)
         with_gaps(rows[start:])
+        with_events(rows[start:], requests)
+    return rows
+
+
+# request lines' stamps and a row's start are rounded to the microsecond
+STAMP_S = 2e-6
+
+
+def with_events(rows: list[dict[str, Any]], requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Sets each of one trace's step `rows` its `admitted` and `finished`: the trace's requests (its request
+    lines) admitted and finished inside the step's call, [start, end) and (start, end] (steps run back to
+    back: a request admitted as one starts, or finished as one ends, counts once). A row already carrying
+    them keeps them."""
+    admitted = sorted(r["admitted"] for r in requests if r.get("admitted") is not None)
+    finished = sorted(r["finished"] for r in requests if r.get("finished") is not None)
+    for row in rows:
+        if "t" not in row:
+            continue
+        start, end = row["t"], row["t"] + row["ms"] / 1e3
+        if "admitted" not in row:
+            lo, hi = start - STAMP_S, end - STAMP_S
+            row["admitted"] = bisect.bisect_left(admitted, hi) - bisect.bisect_left(admitted, lo)
+        if "finished" not in row:
+            lo, hi = start + STAMP_S, end + STAMP_S
+            row["finished"] = bisect.bisect_right(finished, hi) - bisect.bisect_right(finished, lo)
     return rows
 
 
@@ -173,32 +201,40 @@ def fit_steps(rows: list[dict[str, Any]]) -> dict[str, Any]:
             f"too few steps to fit: {len(decode_rows)} pure-decode (need 3) and {len(prefill_rows)} with "
             "prefill (need 2)"
         )
-    x = np.array([[1.0, r["decode_seqs"], r["decode_context"]] for r in decode_rows])
+    x = np.array([[1.0, r["decode_seqs"], r["decode_context"], r.get("finished", 0)] for r in decode_rows])
     y = np.array([_own_seconds(r) for r in decode_rows])
-    base, per_seq, per_token = _nonneg_lstsq(x, y)
-    decode_r2 = _r2(x, y, np.array([base, per_seq, per_token]))
+    coef = _nonneg_lstsq(x, y)
+    base, per_seq, per_token, finish = (float(c) for c in coef)
+    decode_r2 = _r2(x, y, coef)
 
     def decode(r: dict[str, Any]) -> float:
+        done = finish * r.get("finished", 0)
         if not r["decode_seqs"]:
-            return 0.0
-        return base + per_seq * r["decode_seqs"] + per_token * r["decode_context"]
+            return done
+        return base + per_seq * r["decode_seqs"] + per_token * r["decode_context"] + done
 
     # a fixed cost per kind of step: eager, and (where the trace has both) replayed as a mixed-step graph
     graphed = [bool(r.get("graphed")) for r in prefill_rows]
     split = any(graphed) and not all(graphed)
     x = np.array(
         [
-            [*([float(not g), float(g)] if split else [1.0]), r["prefill_tokens"], r["prefill_pairs"]]
+            [
+                *([float(not g), float(g)] if split else [1.0]),
+                r["prefill_tokens"],
+                r["prefill_pairs"],
+                r.get("admitted", 0),
+            ]
             for g, r in zip(graphed, prefill_rows, strict=True)
         ]
     )
     y = np.array([_own_seconds(r) - decode(r) for r in prefill_rows])
     coef = _nonneg_lstsq(x, y)
-    *steps, a, b = (float(c) for c in coef)
+    *steps, a, b, admit = (float(c) for c in coef)
     prefill = {"a": a, "b": b, "step_s": steps[0]} | ({"graphed_step_s": steps[1]} if split else {})
     return {
-        "decode": {"base_s": float(base), "per_seq_s": float(per_seq), "per_token_s": float(per_token)},
+        "decode": {"base_s": base, "per_seq_s": per_seq, "per_token_s": per_token},
         "prefill": prefill,
+        "events": {"admit_s": admit, "finish_s": finish},
         "fit": {
             "decode_steps": len(decode_rows),
             "decode_r2": decode_r2,
@@ -219,6 +255,7 @@ def _base_steps(base: Profile) -> dict[str, Any]:
     return {
         "prefill": prefill,
         "decode": {"base_s": d.base_s, "per_seq_s": d.per_seq_s, "per_token_s": d.per_token_s},
+        "events": asdict(base.events),
     }
 
 
@@ -253,6 +290,7 @@ def fitted_profile(
         "engine_args": list(base.engine_args),
         "prefill": fit["prefill"],
         "decode": fit["decode"],
+        "events": fit["events"],
         "request": request,
         "chat": asdict(base.chat),
         # what the tier's calls cost the engine thread is the base's (measured apart from the steps)
@@ -320,7 +358,7 @@ def _modelled(profile: Profile, r: dict[str, Any]) -> float:
         graphed = r.get("graphed") and profile.graphed_step_s is not None
         fixed = profile.graphed_step_s if graphed else profile.prefill_step_s
         seconds += fixed + p.a * r["prefill_tokens"] + p.b * r["prefill_pairs"]
-    return seconds
+    return seconds + profile.events(r.get("admitted", 0), r.get("finished", 0))
 
 
 def step_model_error(profile: Profile, rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:

@@ -33,11 +33,14 @@
                 charges that time to the steps otherwise; `fit-profile` takes it out since 2026-12-04);
                 "lookup_s_per_token", "restore_s_per_token", "write_back_s" (optional, HostCallCosts'
                 defaults, measured on the 2B preset): what those calls cost the engine thread,
+     "events": {"admit_s", "finish_s"}   (optional, 0) the engine thread's time per request a step admits
+                (its cache hit matched, blocks and slot taken, checkpoints planned) and per request a step
+                finishes (its checkpoints committed, its blocks released, its output closed),
      "provenance": where the numbers come from}
 
 A step of the engine takes the prefill time of its chunks (a chunk of n tokens resuming at depth p costs
 C(p + n) − C(p)), plus step_s (graphed_step_s for a graphed one) when it prefills anything, plus, when it
-decodes, the decode step time of its decoding sequences.
+decodes, the decode step time of its decoding sequences, plus its events' costs.
 """
 
 from __future__ import annotations
@@ -114,6 +117,21 @@ MEASURED_2B_HOST_CALLS = HostCallCosts()
 
 
 @dataclass(frozen=True, slots=True)
+class StepEvents:
+    """The engine thread's seconds per request a step admits and per request it finishes (the profile's
+    "events" section), on top of the step's shape."""
+
+    admit_s: float = 0.0
+    finish_s: float = 0.0
+
+    def __call__(self, admitted: int, finished: int) -> float:
+        return self.admit_s * admitted + self.finish_s * finished
+
+
+NO_STEP_EVENTS = StepEvents()
+
+
+@dataclass(frozen=True, slots=True)
 class Profile:
     name: str
     device: str
@@ -134,15 +152,16 @@ class Profile:
     chat_request_overhead: RequestOverhead | None = None
     chat: ChatCosts = ChatCosts()
     host_calls: HostCallCosts = MEASURED_2B_HOST_CALLS
+    events: StepEvents = NO_STEP_EVENTS
     # the engine's own cost model (its calibration), where it is not `prefill`: a profile whose step times
     # are scaled keeps the measured one, so only time moves
     engine_cost: PrefillCost | None = None
     step_cost_scale: float = 1.0
 
     def with_step_costs_scaled(self, factor: float) -> Profile:
-        """This profile with every step-time term (prefill, the fixed costs of a prefill step, decode)
-        multiplied by `factor`; the engine's cost model, the request overhead and the host tier's call
-        costs unchanged. For how far a result moves with a few percent of step cost."""
+        """This profile with every step-time term (prefill, the fixed costs of a prefill step, decode, the
+        steps' events) multiplied by `factor`; the engine's cost model, the request overhead and the host
+        tier's call costs unchanged. For how far a result moves with a few percent of step cost."""
         if not (factor > 0 and math.isfinite(factor)):
             raise ProfileError(f"--step-cost-scale: expected a positive number, got {factor!r}")
         d = self.decode
@@ -152,6 +171,7 @@ class Profile:
             decode=DecodeModel(d.base_s * factor, d.per_seq_s * factor, d.per_token_s * factor),
             prefill_step_s=self.prefill_step_s * factor,
             graphed_step_s=None if self.graphed_step_s is None else self.graphed_step_s * factor,
+            events=StepEvents(self.events.admit_s * factor, self.events.finish_s * factor),
             engine_cost=self.engine_cost or self.prefill,
             step_cost_scale=self.step_cost_scale * factor,
         )
@@ -191,6 +211,7 @@ class Profile:
             else {"base_s": c.base_s, "per_token_s": c.per_token_s},
             "host_calls_in_steps": self.host_calls_in_steps,
             "host_calls": asdict(self.host_calls),
+            "events": asdict(self.events),
             "step_cost_scale": self.step_cost_scale,
             "chat": asdict(self.chat),
             "provenance": self.provenance,
@@ -273,6 +294,14 @@ def load_profile(name_or_path: str | None = None) -> Profile:
     host_calls = HostCallCosts(
         **{k: v for k in call_costs if (v := _num(host_doc, k, f"{where}.host", False)) is not None}
     )
+    events_doc = doc.get("events") or {}
+    if not isinstance(events_doc, dict):
+        raise ProfileError(f"{where}.events: expected an object")
+    event_costs = [f.name for f in fields(StepEvents)]
+    if unknown := sorted(set(events_doc) - set(event_costs)):
+        known = ", ".join(event_costs)
+        raise ProfileError(f"{where}.events: unknown field(s) {', '.join(unknown)} (known: {known})")
+    events = StepEvents(*(_num(events_doc, k, f"{where}.events", False) or 0.0 for k in event_costs))
     return Profile(
         name=str(doc.get("name") or path.stem),
         device=str(doc.get("device", "")),
@@ -293,6 +322,7 @@ def load_profile(name_or_path: str | None = None) -> Profile:
         request_overhead=overhead,
         host_calls_in_steps=host_doc.get("calls_in_steps", False),
         host_calls=host_calls,
+        events=events,
         chat_request_overhead=None if chat[0] is None else RequestOverhead(*chat),
         chat=ChatCosts(int(header), per_message, share, engine),
     )

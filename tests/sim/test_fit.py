@@ -6,7 +6,7 @@ import pytest
 from flashstate.bench.step_summary import STEP_FIELDS
 from flashstate.cli import main
 from flashstate.sim.fit import fit_steps, read_steps
-from flashstate.sim.profile import DEFAULT_PROFILE, PROFILES_DIR, load_profile
+from flashstate.sim.profile import DEFAULT_PROFILE, PROFILES_DIR, ProfileError, load_profile
 
 from .helpers import growing, run
 
@@ -154,3 +154,46 @@ def test_the_engine_loops_time_between_steps_is_the_steps(tmp_path):
     for part in ("decode", "prefill"):
         for key, want in MODEL[part].items():
             assert fit[part][key] == pytest.approx(want, rel=1e-6), (part, key)
+
+
+def test_the_cost_of_each_admission_and_finish_comes_back(tmp_path):
+    """A step costs more for each request it admits and each it finishes. Timed so by a profile's "events",
+    the simulator's step trace (its rows and request lines, as `simulate --step-trace` writes them) gives
+    those costs back through `fit-profile`, with the rest of the model."""
+    doc = json.loads(Path(_profile(tmp_path)).read_text())
+    doc["events"] = {"admit_s": 0.003, "finish_s": 0.0012}
+    path = tmp_path / "events.json"
+    path.write_text(json.dumps(doc))
+    sessions = [
+        growing(f"s{i}", turns=4, first=3000 + 500 * i, step=2000, out=60, think=0.3) for i in range(4)
+    ]
+    _, engines = run(sessions, "flashstate", ["--max-num-batched-tokens", "2048"], decode_runs=False,
+                     profile=str(path), agents=4)  # fmt: skip
+    rows = [dict(zip(STEP_FIELDS, r, strict=True)) for r in engines[0].step_rows]
+    trace = tmp_path / "steps.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in [*rows, *engines[0].request_rows]))
+    read = read_steps([trace])
+    requests = len(engines[0].request_rows)
+    assert sum(r["admitted"] for r in read) == sum(r["finished"] for r in read) == requests
+    out = tmp_path / "fitted.json"
+    assert main(["fit-profile", str(trace), "--out", str(out)]) == 0
+    fitted = load_profile(str(out))
+    assert fitted.events.admit_s == pytest.approx(0.003, rel=1e-6)
+    assert fitted.events.finish_s == pytest.approx(0.0012, rel=1e-6)
+    assert fitted.decode.base_s == pytest.approx(MODEL["decode"]["base_s"], rel=1e-6)
+    assert fitted.prefill_step_s == pytest.approx(MODEL["prefill"]["step_s"], rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("events", "message"),
+    [
+        ({"admit": 0.001}, r"events: unknown field\(s\) admit"),
+        ({"finish_s": -1}, "events.finish_s: expected"),
+    ],
+)
+def test_a_bad_events_section_is_named(tmp_path, events, message):
+    doc = json.loads(Path(_profile(tmp_path)).read_text()) | {"events": events}
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ProfileError, match=message):
+        load_profile(str(path))
