@@ -4,6 +4,7 @@ versus prefilling the same tokens, through the engine.
 
     PYTHONPATH=. python benchmarks/gpu/host_restore.py                  # qwen3-next-2b, 100k tokens, cuda
     PYTHONPATH=. python benchmarks/gpu/host_restore.py --device cpu --tokens 2000   # CPU fallback: tiny
+    PYTHONPATH=. python benchmarks/gpu/host_restore.py --tokens 25000 --crc zlib --host-chunk-tokens 4096
 
 Steps: a prompt of N tokens is prefilled (cold TTFT, max_tokens = 1), its state is written back
 (the write-back time is reported, though requests never wait for it), the GPU-side cache is emptied,
@@ -79,7 +80,22 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=100_000)
     p.add_argument("--chunk", type=int, default=8192, help="max_num_batched_tokens of the prefill")
     p.add_argument("--bandwidth-bytes", type=int, default=1 << 30)
+    p.add_argument(
+        "--host-chunk-tokens", type=int, default=None, help="the tier's chunk objects (default: the engine's)"
+    )
+    p.add_argument(
+        "--crc",
+        choices=("default", "zlib"),
+        default="default",
+        help="the objects' CRC-32: the codec's (ISA-L where installed), or zlib's (the value is the same)",
+    )
     a = p.parse_args()
+    if a.crc == "zlib":  # the codec's choice at import, overridden for a before/after
+        import zlib
+
+        from flashstate.cache.host import codec
+
+        codec.crc32 = zlib.crc32
     device = torch.device(a.device)
     preset = a.preset or ("qwen3-next-2b" if device.type == "cuda" else "tiny")
 
@@ -92,6 +108,7 @@ def main() -> None:
         "torch": torch.__version__,
         "preset": preset,
         "tokens": a.tokens,
+        "crc": a.crc,
     }
     result.update(bandwidth(device, a.bandwidth_bytes if device.type == "cuda" else 64 << 20))
 
@@ -118,6 +135,7 @@ def main() -> None:
         prefill_cost_coefficients=(1e-5, 1e-10),
         host_cache="memory",
         host_cache_bytes=int(state_bytes * 1.2) + (64 << 20),
+        **({} if a.host_chunk_tokens is None else {"host_chunk_tokens": a.host_chunk_tokens}),
     )
     engine, host = llm.engine, llm.engine.host
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
@@ -151,6 +169,7 @@ def main() -> None:
         )
     restore = fetch.total + load.total
     nbytes = host.used - warm_up_bytes  # the N-token state's objects
+    result["host_chunk_tokens"] = host.layout.chunk_tokens
     result.update(
         {
             "state_bytes": nbytes,
@@ -174,7 +193,7 @@ def main() -> None:
     print(json.dumps(result, indent=2))
     rows = [
         ("device", result["device"]),
-        ("model / tokens", f"{preset} / {n}"),
+        ("model / tokens / chunk / CRC", f"{preset} / {n} / {host.layout.chunk_tokens} / {a.crc}"),
         ("state size (KV + checkpoint)", f"{nbytes / 2**20:.1f} MiB"),
     ]
     rows += [
