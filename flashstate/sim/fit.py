@@ -15,11 +15,10 @@ A step's time is its span: from the end of the traced step before it (where that
 or waiting, so the engine loop went straight on) to its own end. Between two step calls the engine loop
 delivers the outputs and adds the requests that arrived (under memory admission, each one's cached depth is
 looked up then, in the GPU tree and the host tier): the simulator runs its steps back to back, so that time
-is the steps'. On the card it is 0.5% of the engine's time under the vllm policy and 4–5% under flashstate
-with a host tier (read_steps' `gap_ms`). A trace of a server with a host tier gives each step the engine
-thread's time inside the tier's calls since the step before ended (`host_ms`, the look-ups of that gap
-included), which is taken out, since the simulator charges those calls one by one at their measured rates
-(sim/host.py) and a policy without a tier makes none.
+is the steps' (read_steps' `gap_ms`; `fit-profile` prints its share). A trace of a server with a host tier
+gives each step the engine thread's time inside the tier's calls since the step before ended (`host_ms`,
+the look-ups of that gap included), which is taken out, since the simulator charges those calls one by one
+at their measured rates (sim/host.py) and a policy without a tier makes none.
 
 A request's overhead outside the engine (profile "request") is fitted from the same runs' bench results:
 each client record is paired with the server's request line of the same prompt and cached length (pairs
