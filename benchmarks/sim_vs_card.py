@@ -5,6 +5,7 @@ traces are set side by side over the whole run:
 - the engine: steps, wall time per step (its call and the engine loop's time before it: sim/fit.py's span),
   the loop's share of it, the running set and the queue over time, and the engine thread's seconds in the
   host tier's calls;
+- the prefix cache's evictions by reason;
 - how the profile's step model prices the card's steps (sim/fit.py's step_model_error);
 - the requests, by where they resumed (host restore, GPU hit, cold: under half the prompt cached): how long
   they waited to be admitted (p50 / p90), their time from arrival to first token on the server (p50 / p90);
@@ -93,9 +94,26 @@ def host_seconds(result: dict[str, Any]) -> float | None:
     return sum(found) if found else None
 
 
+EVICTIONS = ("capacity_kv", "capacity_state", "spare")
+
+
+def evictions(result: dict[str, Any]) -> dict[str, float | None]:
+    """The prefix cache's evictions by reason over the run: a card's from its metrics, a simulation's from
+    its cache stats."""
+    sim = result["server"].get("simulated")
+    if sim is not None:
+        counts = {r: sum(s["evictions"].get(r, 0) for s in sim["cache_stats"]) for r in EVICTIONS}
+    else:
+        delta = (result.get("server_metrics") or {}).get("delta") or {}
+        evicted = {k: v for k, v in delta.items() if "prefix_cache_evictions_total" in k}
+        counts = {r: sum(v for k, v in evicted.items() if f'reason="{r}"' in k) for r in EVICTIONS}
+    return {f"evictions: {r}": n for r, n in counts.items()}
+
+
 def facts(result: dict[str, Any], trace: Path) -> dict[str, float | None]:
     steps, requests = read_trace(trace)
-    return engine_facts(steps) | {"host-tier calls (s)": host_seconds(result)} | request_facts(requests)
+    host = {"host-tier calls (s)": host_seconds(result)}
+    return engine_facts(steps) | host | evictions(result) | request_facts(requests)
 
 
 def priced(profile: Profile, trace: Path) -> str:
