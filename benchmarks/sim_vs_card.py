@@ -7,6 +7,7 @@ traces are set side by side over the whole run:
   host tier's calls;
 - the prefix cache's evictions by reason;
 - how the profile's step model prices the card's steps (sim/fit.py's step_model_error);
+- the requests both ran, matched by session and turn: their prompts' lengths and the later turns' misses;
 - the requests, by where they resumed (host restore, GPU hit, cold: under half the prompt cached): how long
   they waited to be admitted (p50 / p90), their time from arrival to first token on the server (p50 / p90);
   how many mostly-cached ones waited over 0.2 s; how long a request stayed from admission to its end.
@@ -125,6 +126,31 @@ def priced(profile: Profile, trace: Path) -> str:
     return f"The profile's step model on the card's steps: {said}; all {modelled / measured - 1:+.1%}."
 
 
+def matched(card: dict[str, Any], sim: dict[str, Any]) -> dict[str, tuple[float | None, float | None]]:
+    """The two results' answered requests matched by session and turn: how many, the simulated prompt's
+    length against the card's (median difference), and the later turns' uncached tokens in all and at the
+    median (card, simulated)."""
+
+    def by_turn(result: dict[str, Any]) -> dict[tuple, dict[str, Any]]:
+        return {
+            (r["session"].split("#")[0], r["turn"], r.get("depth", 0)): r
+            for r in result["requests"]
+            if r.get("error") is None and r.get("prompt_tokens") is not None
+        }
+
+    c, s = by_turn(card), by_turn(sim)
+    common = sorted(set(c) & set(s))
+    later = [k for k in common if k[1] > 0]
+    uncached = [[r[k]["prompt_tokens"] - (r[k]["cached_tokens"] or 0) for k in later] for r in (c, s)]
+    longer = [s[k]["prompt_tokens"] - c[k]["prompt_tokens"] for k in common]
+    return {
+        "matched: requests": (len(common), len(common)),
+        "matched: prompt tokens, simulated − card, median": (None, _pct(longer, 50)),
+        "matched: later turns' uncached tokens, all": (sum(uncached[0]), sum(uncached[1])),
+        "matched: later turns' uncached tokens, median": (_pct(uncached[0], 50), _pct(uncached[1], 50)),
+    }
+
+
 def _fmt(v: float | None) -> str:
     if v is None:
         return "–"
@@ -140,6 +166,10 @@ def table(card: dict[str, float | None], sim: dict[str, float | None]) -> str:
         err = f"{got / want - 1:+.0%}" if got is not None and want else "–"
         lines.append(f"| {name} | {_fmt(want)} | {_fmt(got)} | {err} |")
     return "\n".join(lines)
+
+
+def _split(rows: dict[str, tuple[float | None, float | None]]) -> tuple[dict, dict]:
+    return {k: v[0] for k, v in rows.items()}, {k: v[1] for k, v in rows.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
         if flashstate(argv_sim) != 0:
             raise SystemExit(f"sim_vs_card: simulate failed ({' '.join(argv_sim)})")
     sim = read_result(out / f"result-{card['label']}.json")
-    text = table(facts(card, card_trace), facts(sim, out / f"steps-{card['label']}.jsonl.gz"))
+    card_facts, sim_facts = facts(card, card_trace), facts(sim, out / f"steps-{card['label']}.jsonl.gz")
+    pairs = _split(matched(card, sim))
+    text = table(card_facts | pairs[0], sim_facts | pairs[1])
     text += "\n\n" + priced(load_profile(args.profile), card_trace)
     title = f"{run.name} on {args.profile} (whole run)"
     (out / "vs.md").write_text(f"# {title}\n\n{text}\n")
