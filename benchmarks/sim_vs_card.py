@@ -33,7 +33,7 @@ import numpy as np
 from flashstate.bench.report import read_result, result_files
 from flashstate.bench.step_summary import read_trace
 from flashstate.cli import main as flashstate
-from flashstate.sim.fit import loop_share, read_steps, step_model_error, with_gaps
+from flashstate.sim.fit import loop_share, step_model_error, with_events, with_gaps
 from flashstate.sim.profile import Profile, load_profile
 from flashstate.sim.recorded import simulate_argv
 
@@ -50,8 +50,14 @@ def _kind(r: dict[str, Any]) -> str:
     return "gpu" if 2 * r["cached_tokens"] >= r["prompt_tokens"] else "cold"
 
 
-def engine_facts(steps: list[dict[str, Any]]) -> dict[str, float]:
-    rows = with_gaps([dict(r) for r in steps])
+def traced(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A step trace read once: its step rows, each with its span's gap and its admissions and finishes
+    (sim/fit.py), and its request lines."""
+    steps, requests = read_trace(path)
+    return with_events(with_gaps(steps), requests), requests
+
+
+def engine_facts(rows: list[dict[str, Any]]) -> dict[str, float]:
     spans = np.array([r["gap_ms"] + r["ms"] for r in rows])
     weighted = {}
     for key in ("running", "waiting"):  # as each step left them, over its span
@@ -111,25 +117,24 @@ def evictions(result: dict[str, Any]) -> dict[str, float | None]:
     return {f"evictions: {r}": n for r, n in counts.items()}
 
 
-def facts(result: dict[str, Any], trace: Path) -> dict[str, float | None]:
-    steps, requests = read_trace(trace)
+def facts(result: dict[str, Any], rows: list[dict[str, Any]], requests: list[dict[str, Any]]) -> dict:
     host = {"host-tier calls (s)": host_seconds(result)}
-    return engine_facts(steps) | host | evictions(result) | request_facts(requests)
+    return engine_facts(rows) | host | evictions(result) | request_facts(requests)
 
 
-def priced(profile: Profile, trace: Path) -> str:
+def priced(profile: Profile, rows: list[dict[str, Any]]) -> str:
     """How the profile's step model prices the card's steps (their spans less the host tier's calls)."""
-    errors = step_model_error(profile, read_steps([trace]))
+    errors = step_model_error(profile, rows)
     said = ", ".join(f"{kind} {e['error']:+.1%} ({e['steps']:,} steps)" for kind, e in errors.items())
     measured = sum(e["measured_s"] for e in errors.values())
     modelled = sum(e["modelled_s"] for e in errors.values())
     return f"The profile's step model on the card's steps: {said}; all {modelled / measured - 1:+.1%}."
 
 
-def matched(card: dict[str, Any], sim: dict[str, Any]) -> dict[str, tuple[float | None, float | None]]:
-    """The two results' answered requests matched by session and turn: how many, the simulated prompt's
-    length against the card's (median difference), and the later turns' uncached tokens in all and at the
-    median (card, simulated)."""
+def matched(card: dict[str, Any], sim: dict[str, Any]) -> tuple[dict, dict]:
+    """The two results' answered requests matched by session and turn, as (card's, simulated) rows: how
+    many, the simulated prompt's length against the card's (median difference), and the later turns'
+    uncached tokens in all and at the median."""
 
     def by_turn(result: dict[str, Any]) -> dict[tuple, dict[str, Any]]:
         return {
@@ -143,12 +148,16 @@ def matched(card: dict[str, Any], sim: dict[str, Any]) -> dict[str, tuple[float 
     later = [k for k in common if k[1] > 0]
     uncached = [[r[k]["prompt_tokens"] - (r[k]["cached_tokens"] or 0) for k in later] for r in (c, s)]
     longer = [s[k]["prompt_tokens"] - c[k]["prompt_tokens"] for k in common]
-    return {
-        "matched: requests": (len(common), len(common)),
-        "matched: prompt tokens, simulated − card, median": (None, _pct(longer, 50)),
-        "matched: later turns' uncached tokens, all": (sum(uncached[0]), sum(uncached[1])),
-        "matched: later turns' uncached tokens, median": (_pct(uncached[0], 50), _pct(uncached[1], 50)),
-    }
+    rows = [
+        {
+            "matched: requests": len(common),
+            "matched: prompt tokens, simulated − card, median": _pct(longer, 50) if side else None,
+            "matched: later turns' uncached tokens, all": sum(uncached[side]),
+            "matched: later turns' uncached tokens, median": _pct(uncached[side], 50),
+        }
+        for side in (0, 1)
+    ]
+    return rows[0], rows[1]
 
 
 def _fmt(v: float | None) -> str:
@@ -166,10 +175,6 @@ def table(card: dict[str, float | None], sim: dict[str, float | None]) -> str:
         err = f"{got / want - 1:+.0%}" if got is not None and want else "–"
         lines.append(f"| {name} | {_fmt(want)} | {_fmt(got)} | {err} |")
     return "\n".join(lines)
-
-
-def _split(rows: dict[str, tuple[float | None, float | None]]) -> tuple[dict, dict]:
-    return {k: v[0] for k, v in rows.items()}, {k: v[1] for k, v in rows.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,10 +197,13 @@ def main(argv: list[str] | None = None) -> int:
         if flashstate(argv_sim) != 0:
             raise SystemExit(f"sim_vs_card: simulate failed ({' '.join(argv_sim)})")
     sim = read_result(out / f"result-{card['label']}.json")
-    card_facts, sim_facts = facts(card, card_trace), facts(sim, out / f"steps-{card['label']}.jsonl.gz")
-    pairs = _split(matched(card, sim))
-    text = table(card_facts | pairs[0], sim_facts | pairs[1])
-    text += "\n\n" + priced(load_profile(args.profile), card_trace)
+    card_rows, card_requests = traced(card_trace)
+    sim_rows, sim_requests = traced(out / f"steps-{card['label']}.jsonl.gz")
+    by_turn = matched(card, sim)
+    text = table(
+        facts(card, card_rows, card_requests) | by_turn[0], facts(sim, sim_rows, sim_requests) | by_turn[1]
+    )
+    text += "\n\n" + priced(load_profile(args.profile), card_rows)
     title = f"{run.name} on {args.profile} (whole run)"
     (out / "vs.md").write_text(f"# {title}\n\n{text}\n")
     print(f"{title}\n\n{text}")

@@ -25,13 +25,13 @@ results without their per-request and per-session records (those stay in result-
 from __future__ import annotations
 
 import datetime as dt
-import gzip
 import json
 import statistics
 from pathlib import Path
 from typing import Any
 
 from flashstate.bench.cost import Prices, cost_view
+from flashstate.bench.files import read_text
 from flashstate.bench.metrics import (
     RequestRecord,
     SessionRecord,
@@ -122,7 +122,7 @@ def over_whole_run(result: dict[str, Any]) -> dict[str, Any]:
 
 def read_result(path: Path) -> dict[str, Any]:
     """A result-<label>.json, or gzipped (as benchmarks/results keeps them)."""
-    return json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text())
+    return json.loads(read_text(path))
 
 
 def result_files(given: Path) -> list[Path]:

@@ -4,10 +4,11 @@ the time to first token went."""
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 from typing import Any
+
+from flashstate.bench.files import read_text
 
 # a step row's fields (`engine/step_trace.py` writes these and schedule_ms)
 STEP_FIELDS = (
@@ -33,8 +34,7 @@ def summarize(steps: list[dict[str, Any]], requests: list[dict[str, Any]]) -> di
 
 def read_trace(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(step rows, request rows) of a step trace file (gzipped where it ends in .gz)."""
-    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
-    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    rows = [json.loads(line) for line in read_text(path).splitlines() if line.strip()]
     return [r for r in rows if "request" not in r], [r for r in rows if "request" in r]
 
 

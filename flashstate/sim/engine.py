@@ -213,7 +213,8 @@ class SimEngine:
         graphed = self.buckets is not None and self.buckets.bucket(batch) is not None
         fixed = self.graphed_step_s if graphed else self.prefill_step_s
         seconds = step_seconds(batch, self.prefill, self.decode, fixed) + self._outside_seconds()
-        seconds += self.events(*self._events(batch))
+        if self.events != NO_STEP_EVENTS:  # the shipped profiles price none: no count per step
+            seconds += self.events(*self._events(batch))
         self.steps += 1
         self.busy_seconds += seconds
         decode_graph = not self.config.enforce_eager and decode_shaped(batch)

@@ -32,7 +32,6 @@ prompt token that a chat request costs while the server renders and tokenizes it
 from __future__ import annotations
 
 import bisect
-import gzip
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -40,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from flashstate.bench.files import read_text
 from flashstate.sim.profile import PROFILE_SCHEMA, Profile
 
 Rows = list[dict[str, Any]]
@@ -48,7 +48,7 @@ NEEDED = ("ms", "prefill_tokens", "decode_seqs", "prefill_pairs", "decode_contex
 
 def _lines(path: Path) -> list[str]:
     try:
-        text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+        text = read_text(path)
     except OSError as e:
         raise ValueError(f"{path}: {e.strerror}") from None
     return text.splitlines()

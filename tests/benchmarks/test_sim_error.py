@@ -2,19 +2,14 @@
 scale, the error read at the profile's own costs, the spread over the scales."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from .scripts import ROOT, run_script
+
 RUN = ROOT / "benchmarks/results/card-2026-12-04/validate-0.5-vllm"
 
 
-def _script(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
-    argv = [sys.executable, str(ROOT / "benchmarks/sim_error.py"), *args]
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
+def _script(*args: str):
+    return run_script("sim_error.py", *args)
 
 
 def test_the_error_and_its_spread_over_step_costs(traces, tmp_path):

@@ -1,21 +1,15 @@
 """benchmarks/sim_vs_card.py on a recorded card run: the run simulated with its own flags and a step trace,
 and the two traces' engine and request figures side by side."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 from flashstate.bench.step_summary import read_trace
 
-ROOT = Path(__file__).resolve().parents[2]
+from .scripts import ROOT, run_script
+
 RUN = ROOT / "benchmarks/results/card-2026-12-04/validate-0.5-vllm"
 
 
-def _script(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
-    argv = [sys.executable, str(ROOT / "benchmarks/sim_vs_card.py"), *args]
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
+def _script(*args: str):
+    return run_script("sim_vs_card.py", *args)
 
 
 def _cells(table: str) -> dict[str, list[str]]:
