@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -69,6 +70,7 @@ def one_run(job: dict[str, Any]) -> dict[str, Any]:
     policy, variant_flags = VARIANTS.get(job["policy"], (job["policy"], []))
     if variant_flags:
         variant_flags = [*variant_flags, "--host-cache-bytes", str(job["host_cache_bytes"])]
+        variant_flags += job.get("host_args", [])
     config = engine_config(profile, flags + variant_flags + list(job.get("serve_args", [])), policy)
     scale = job.get("scale", FULL_LENGTH)
     replay = ReplayConfig(
@@ -228,6 +230,9 @@ def main() -> int:
     p.add_argument("--fractions", type=float, nargs="+", default=[0.25, 0.5, 1.0, 2.0])
     p.add_argument("--policies", nargs="+", default=list(POLICIES), choices=NAMES)
     p.add_argument("--host-cache-bytes", default=None, help="flashstate-host's host tier (default 64G)")
+    p.add_argument(
+        "--host-args", default="", help="more serve flags for flashstate-host, e.g. '--no-host-prefetch'"
+    )
     p.add_argument("--profile", default=None)
     p.add_argument("--warmup", type=float, default=1800.0, help="simulated seconds before the window")
     p.add_argument("--duration", type=float, default=7200.0, help="simulated seconds measured")
@@ -254,8 +259,12 @@ def main() -> int:
         plot(rows, args.out)
         print(table(rows))
         return 0
-    if args.host_cache_bytes is not None and "flashstate-host" not in args.policies:
-        p.error("--host-cache-bytes sizes flashstate-host's host tier: add flashstate-host to --policies")
+    for flag, given in (
+        ("--host-cache-bytes", args.host_cache_bytes is not None),
+        ("--host-args", args.host_args),
+    ):
+        if given and "flashstate-host" not in args.policies:
+            p.error(f"{flag} is flashstate-host's: add flashstate-host to --policies")
     scale = {
         "length_scale": args.length_scale,
         "max_context": args.max_context,
@@ -286,6 +295,7 @@ def main() -> int:
                         "working_set": w,
                         "policy": policy,
                         "host_cache_bytes": args.host_cache_bytes or "64G",
+                        "host_args": shlex.split(args.host_args),
                         "profile": args.profile,
                         "warmup": args.warmup,
                         "duration": args.duration,

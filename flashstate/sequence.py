@@ -64,6 +64,9 @@ class Sequence:
     # a host-tier restore in flight (status RESTORING): a cache.host.restore.HostRestore, which this
     # module, below the cache, does not import
     restore: object | None = None
+    # its host hit read ahead while it waits (a cache.host.prefetch.HostPrefetch): taken over by its restore
+    # at admission, or dropped
+    prefetch: object | None = None
     host_chain: list[bytes] = field(default_factory=list)  # host-tier chunk hashes of token_ids so far
     cache_salt: str | None = None  # prefix-cache hits only between requests of the same salt (vLLM's)
     priority: int = 0  # with the priority scheduling policy: lower is admitted first (vLLM's)

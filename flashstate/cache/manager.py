@@ -139,7 +139,8 @@ class CacheManager:
 
     def admit(self, seq: Sequence, miss: bool = False) -> bool:
         """Give a waiting sequence its working slot and its prefix hit; False (nothing held) if no slot.
-        `miss`: take no hit (nothing on a cached path is locked, so everything cached can be evicted)."""
+        `miss`: take no hit (nothing on a cached path is locked, so everything cached can be evicted). A host
+        restore takes the sequence's read-ahead over."""
         slot = self._take_slot()
         if slot is None:
             return False
@@ -221,19 +222,36 @@ class CacheManager:
         else:
             self._spare.pop(id(seq), None)
 
-    def cached_depth(self, seq: Sequence) -> int:
-        """The depth `admit` would resume from now: the GPU tree's, or the host tier's where deeper (the
-        vLLM page pool not asked); takes nothing and stamps nothing."""
+    @property
+    def reads_ahead(self) -> bool:
+        """Queued requests' host hits are read ahead (cache/host/prefetch.py)."""
+        return self.host is not None and self.host.reads_ahead and self.enabled and self.pages is None
+
+    def queued(self, seq: Sequence) -> int:
+        """`seq` joined the queue: the depth `admit` would resume from now, the GPU tree's or the host tier's
+        where deeper (the vLLM page pool not asked); a host hit deeper than the GPU's is read ahead where
+        the tier does. Takes nothing from the GPU cache and stamps nothing."""
         if not self.enabled or self.pages is not None:
             return 0
         limit = len(seq.token_ids) - 1
-        depth = self.tree.match(seq.token_ids, limit=limit, salt=seq.cache_salt).depth
-        if self.host is not None:
-            hit = self.host.lookup(
-                seq.token_ids, limit, depth, seq.host_chain, salt=seq.cache_salt, peek=True
-            )
-            depth = depth if hit is None else hit.depth
-        return depth
+        match = self.tree.match(seq.token_ids, limit=limit, salt=seq.cache_salt)
+        if self.host is None:
+            return match.depth
+        hit = self.host.lookup(
+            seq.token_ids, limit, match.depth, seq.host_chain, salt=seq.cache_salt, peek=True
+        )
+        if hit is None:
+            return match.depth
+        if self.host.reads_ahead and seq.prefetch is None:
+            first = min(match.kv_depth, hit.depth) // self.host.layout.chunk_tokens
+            seq.prefetch = self.host.prefetch(hit, first)
+        return hit.depth
+
+    def drop_prefetch(self, seq: Sequence) -> None:
+        """`seq` left the queue: a read-ahead no restore took over is dropped (its state unpinned)."""
+        if seq.prefetch is not None:
+            seq.prefetch.drop()
+            seq.prefetch = None
 
     def _match(self, seq: Sequence) -> Match | None:
         if self.pages is None:
@@ -476,7 +494,10 @@ class CacheManager:
         seq.block_table = shared + blocks
         seq.cache_handle = None
         kv_depth = max(match.kv_depth, hit.depth)
-        seq.restore = self.host.start_restore(hit, first, kv_depth, seq.block_table, seq.state_slot)
+        prefetched, seq.prefetch = seq.prefetch, None
+        seq.restore = self.host.start_restore(
+            hit, first, kv_depth, seq.block_table, seq.state_slot, prefetched
+        )
         return True
 
     def poll_restore(self, seq: Sequence) -> bool | None:

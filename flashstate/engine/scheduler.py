@@ -175,8 +175,10 @@ class Scheduler:
         self._queued(seq)
 
     def _queued(self, seq: Sequence) -> None:
-        if self.admission is not None:
-            self._hits[id(seq)] = self.cache.cached_depth(seq)
+        if self.admission is not None or self.cache.reads_ahead:
+            depth = self.cache.queued(seq)
+            if self.admission is not None:
+                self._hits[id(seq)] = depth
 
     def _insert_by_priority(self, seq: Sequence) -> None:
         """Into the waiting queue, which is in (priority, arrival) order: after every sequence not later."""
@@ -397,6 +399,8 @@ class Scheduler:
     def _leave_queue(self, seq: Sequence) -> None:
         self.waiting.remove(seq)
         self._hits.pop(id(seq), None)
+        # admitted (a restore took its read-ahead over, or it had no use for one), refused or aborted
+        self.cache.drop_prefetch(seq)
 
     def _place(self, seq: Sequence, budget: int, miss: bool = False) -> bool:
         """Admit `seq` into the cache (its slot, its prefix hit or a host restore; no hit with `miss`) with

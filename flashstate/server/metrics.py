@@ -256,6 +256,16 @@ def _host_metrics(host: HostSnapshot, gauge: Callable, counter: Callable, m: lis
         s.restored_tokens,
     )
     yield counter(
+        "flashstate:host_cache_prefetches",
+        "Queued requests' host hits read ahead while they waited (--host-prefetch).",
+        s.prefetches,
+    )
+    yield counter(
+        "flashstate:host_cache_prefetches_used",
+        "Of the read-aheads: taken over by the request's restore (the rest: admitted otherwise, or aborted).",
+        s.prefetches_used,
+    )
+    yield counter(
         "flashstate:host_cache_shared_tokens",
         "Of the restored tokens, those whose KV was still on the GPU (shared, not copied).",
         s.shared_tokens,

@@ -85,8 +85,9 @@ def host_tier(
         return None
     capacity, chunk = host_capacity(config)[1], config.host_chunk_tokens
     kv = kv_dtype(config.kv_cache_dtype, dtype)
+    inline, prefetch = config.host_inline, config.host_prefetch
     return SimHostTier(
-        spec, dtype, config.block_size, capacity, cost, clock, chunk, config.host_inline, kv, calls
+        spec, dtype, config.block_size, capacity, cost, clock, chunk, inline, kv, calls, prefetch
     )
 
 

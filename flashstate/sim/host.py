@@ -5,13 +5,16 @@ bytes are counted, not copied, and time comes from measured rates.
     write_back(tokens, depth, …)     at a request's end: the state (and the chunks the store lacks) is
                                      admitted to the index, restorable once its modelled write has landed
     lookup(tokens, limit, floor)     the deepest restorable state on the prompt's path, deeper than floor
+    prefetch(hit, first)             a queued request's read-ahead (cache/host/prefetch.py): the inline
+                                     read's time, on the fetch thread, plus a GIL switch interval per object
     start_restore(hit, first, …)     a SimRestore, ready after the fetched bytes at the restore rate, plus
-                                     a fixed cost per object fetched
+                                     a fixed cost per object fetched; taking a read-ahead over, at once
 
 The engine thread's own time inside the tier's calls is charged too, to the step that follows them (the
 real tier runs them on the engine thread between steps): a lookup hashes and walks the prompt's chunks, a
 restore (start_restore and load in the real tier) reads and verifies its objects when the fetch is inline
-and copies them into the blocks, a write-back stages the state's device → host copies.
+and copies them into the blocks (only the copy, `load`, where read ahead), a write-back stages the state's
+device → host copies.
 
 Rates: the H200's measured host tier (docs/history/benchmarks-2026-11.md, "Host tier, session 4"): a 1,248 MiB
 state read, verified and copied to the device in 0.372 s (3.5 GB/s end to end); its background write-back in
@@ -35,6 +38,7 @@ from flashstate.cache.cost import PrefillCost
 from flashstate.cache.host.build import chunk_tokens
 from flashstate.cache.host.index import HostHit, HostIndex
 from flashstate.cache.host.layout import HostLayout
+from flashstate.cache.host.prefetch import MAX_PREFETCHES
 from flashstate.cache.host.restore import RestorePhase
 from flashstate.sim.profile import MEASURED_2B_HOST_CALLS, HostCallCosts
 from flashstate.spec.model_spec import ModelSpec
@@ -42,6 +46,22 @@ from flashstate.spec.model_spec import ModelSpec
 RESTORE_BYTES_PER_S = 3.5e9
 RESTORE_SECONDS_PER_OBJECT = 1e-3
 WRITE_BYTES_PER_S = 2.06e9
+
+
+@dataclass(eq=False, slots=True)
+class SimPrefetch:
+    """A read-ahead in flight: its objects read at `ready_at` on the simulation clock."""
+
+    hit: HostHit
+    first_chunk: int
+    ready_at: float
+    release: Callable[[HostHit], None]
+
+    def covers(self, hit: HostHit, first_chunk: int) -> bool:
+        return hit.key == self.hit.key and first_chunk >= self.first_chunk
+
+    def drop(self) -> None:
+        self.release(self.hit)
 
 
 def _done() -> Future:
@@ -95,9 +115,12 @@ class SimHostTier:
         inline_fetch: bool = False,
         kv_cache_dtype: torch.dtype | None = None,
         calls: HostCallCosts = MEASURED_2B_HOST_CALLS,  # the engine thread's time per call
+        prefetch: bool = False,
     ):
         self.calls = calls
         self.inline_fetch = inline_fetch  # ready at admission (the fetch's engine-thread time is not charged)
+        self.reads_ahead = prefetch and inline_fetch  # queued requests' hits read ahead, as the real tier's
+        self.prefetches = self.prefetches_used = self.prefetches_held = 0
         self.layout = HostLayout("simulated", chunk_tokens(block_size, chunk))
         self.token_bytes = kv_bytes_per_block(spec, 1, kv_cache_dtype or dtype)  # the engine's KV bytes
         self.state_bytes = state_bytes_per_slot(spec, dtype)
@@ -158,19 +181,66 @@ class SimHostTier:
         hit = self.index.find(tokens, limit, self.layout.chain(tokens, limit, chain, salt), self.layout)
         return hit if hit is not None and hit.depth > floor else None
 
-    def start_restore(
-        self, hit: HostHit, first_chunk: int, kv_depth: int, blocks: list[int], slot: int
-    ) -> SimRestore:
+    def _read_seconds(self, hit: HostHit, first_chunk: int) -> float:
+        """A background fetch of `hit` from chunk `first_chunk` on: its bytes at the restore rate, and a GIL
+        switch interval per object (the chunks not shared from the GPU, then the state)."""
         fetched = (hit.depth - first_chunk * self.layout.chunk_tokens) * self.token_bytes + self.state_bytes
+        return fetched / RESTORE_BYTES_PER_S + self._objects(hit, first_chunk) * RESTORE_SECONDS_PER_OBJECT
+
+    def _read_ahead_seconds(self, hit: HostHit, first_chunk: int) -> float:
+        """A read-ahead of `hit` from the in-process store: the inline read's time on the fetch thread
+        (`start_restore` less `load`, per token read), and a GIL switch interval per object."""
+        read = hit.depth - first_chunk * self.layout.chunk_tokens
+        per_token = max(0.0, self.calls.restore_s_per_token - self.calls.load_s_per_token)
+        return read * per_token + self._objects(hit, first_chunk) * RESTORE_SECONDS_PER_OBJECT
+
+    @staticmethod
+    def _objects(hit: HostHit, first_chunk: int) -> int:
+        return len(hit.chunks) - first_chunk + 1  # the chunks not shared from the GPU, then the state
+
+    def prefetch(self, hit: HostHit, first_chunk: int) -> SimPrefetch | None:
+        """The real tier's read-ahead: `hit` read in the background from now on, its state pinned."""
+        if not self.reads_ahead or self.prefetches_held >= MAX_PREFETCHES:
+            return None
+        self.prefetches_held += 1
+        self.prefetches += 1
+        self.index.pin(hit.key, 1)
+        ready = self.clock() + self._read_ahead_seconds(hit, first_chunk)
+        return SimPrefetch(hit, first_chunk, ready, self._prefetch_dropped)
+
+    def _prefetch_dropped(self, hit: HostHit) -> None:
+        self.prefetches_held -= 1
+        self.index.pin(hit.key, -1)
+
+    def start_restore(
+        self,
+        hit: HostHit,
+        first_chunk: int,
+        kv_depth: int,
+        blocks: list[int],
+        slot: int,
+        prefetched: SimPrefetch | None = None,
+    ) -> SimRestore:
         self.index.touch(hit.key)  # a hit re-stamps the state, as the real tier's load does
         self.restores_started += 1
-        self._charge(hit.depth * self.calls.restore_s_per_token)
-        objects = len(hit.chunks) - first_chunk + 1  # the chunks not shared from the GPU, then the state
-        ready = self.clock()
-        if not self.inline_fetch:
-            ready += fetched / RESTORE_BYTES_PER_S + objects * RESTORE_SECONDS_PER_OBJECT
-        self.index.pin(hit.key, 1)
+        now = ready = self.clock()
         unpin = lambda: self.index.pin(hit.key, -1)  # noqa: E731
+        if prefetched is not None and prefetched.covers(hit, first_chunk):
+            # ready when the read lands (at once where it has); the engine thread only copies the objects in
+            self.prefetches_held -= 1
+            self.prefetches_used += 1
+            self._charge(hit.depth * self.calls.load_s_per_token)
+            ready = prefetched.ready_at
+            inline = ready <= now
+            return SimRestore(
+                hit, first_chunk, kv_depth, ready, self.clock, unpin, inline=inline, fetched_at=ready
+            )
+        if prefetched is not None:
+            prefetched.drop()
+        self._charge(hit.depth * self.calls.restore_s_per_token)
+        if not self.inline_fetch:
+            ready += self._read_seconds(hit, first_chunk)
+        self.index.pin(hit.key, 1)
         return SimRestore(
             hit, first_chunk, kv_depth, ready, self.clock, unpin, inline=self.inline_fetch, fetched_at=ready
         )

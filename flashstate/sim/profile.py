@@ -31,8 +31,8 @@
      "host": {"calls_in_steps"}   (optional, false) true where the step model was fitted on a run with a host
                 tier with the engine thread's time in the tier's calls left in its steps (sim/host.py
                 charges that time to the steps otherwise; `fit-profile` takes it out since 2026-12-04);
-                "lookup_s_per_token", "restore_s_per_token", "write_back_s" (optional, HostCallCosts'
-                defaults, measured on the 2B preset): what those calls cost the engine thread,
+                "lookup_s_per_token", "restore_s_per_token", "write_back_s", "load_s_per_token" (optional,
+                HostCallCosts' defaults, measured on the 2B preset): what those calls cost the engine thread,
      "events": {"admit_s", "finish_s"}   (optional, 0) the engine thread's time per request a step admits
                 (its cache hit matched, blocks and slot taken, checkpoints planned) and per request a step
                 finishes (its checkpoints committed, its blocks released, its output closed),
@@ -106,11 +106,13 @@ class HostCallCosts:
     (chat and token mode, 2026-12-04, benchmarks/RESULTS.md): lookups 0.12–0.19 µs per prompt token per
     request (two lookups each), restores 1.51–1.54 µs per restored token (`start_restore`'s 1.27–1.35, which
     reads and verifies the objects when the fetch is inline, and `load`'s 0.19–0.24, which copies them into
-    the blocks), write-backs 3.2–3.9 ms a state."""
+    the blocks), write-backs 3.2–3.9 ms a state. A restore whose objects were read ahead while its request
+    waited (cache/host/prefetch.py) costs the engine thread `load`'s part alone: load_s_per_token."""
 
     lookup_s_per_token: float = 7.5e-8
     restore_s_per_token: float = 1.5e-6
     write_back_s: float = 3.5e-3
+    load_s_per_token: float = 2.1e-7
 
 
 MEASURED_2B_HOST_CALLS = HostCallCosts()

@@ -13,6 +13,8 @@ from typing import Any
 
 # the serve flags of a recorded command that shape the engine (the rest: where it ran, what it logged)
 ENGINE_FLAGS = ("--max-num-seqs", "--max-num-batched-tokens", "--kv-cache-memory-bytes")
+# defaults a run recorded before then did not have: (first day, the flag that restores the old behaviour)
+NEWER_DEFAULTS = (("2026-12-05", "--no-host-prefetch"),)
 METRICS = {
     "hit rate": lambda s: s["token_hit_rate"],
     "uncached p50": lambda s: s["uncached_tokens_per_request"]["p50"],
@@ -24,13 +26,14 @@ METRICS = {
 
 def simulate_argv(result: dict[str, Any], profile: str, traces: str | Path) -> list[str]:
     """`flashstate simulate` arguments (no --out) for the recorded run: its policy and variant flags under its
-    label (`flashstate-host` stays that), the engine flags its server command had, and the replay's seed,
-    agents, windows, scale and trace half."""
+    label (`flashstate-host` stays that; defaults newer than the run turned off), the engine flags its server
+    command had, and the replay's seed, agents, windows, scale and trace half."""
     r, server = result["replay"], result["server"]
     command = server["command"]
     flags = [f"{k} {command[command.index(k) + 1]}" for k in ENGINE_FLAGS if k in command]
     policy = server.get("cache_policy") or result["label"]
-    variant = shlex.join([f"{result['label']}={policy}", *server.get("variant_args", [])])
+    older = [flag for day, flag in NEWER_DEFAULTS if result.get("created", "") < day]
+    variant = shlex.join([f"{result['label']}={policy}", *server.get("variant_args", []), *older])
     split = result["workload"].get("split")
     return [
         "simulate", *(["--trace-split", split] if split else []), "--profile", profile,

@@ -311,8 +311,11 @@ def test_host_restores_leave_no_cyclic_garbage(tiny_model_dir):
 @pytest.mark.parametrize("inline", [False, True])
 def test_an_inline_fetch_runs_a_restored_request_in_the_step_that_admits_it(tiny_model_dir, plain, inline):
     """--host-inline-fetch: the in-process store's restore is read at admission and the request gets its first
-    token from that very step (a background fetch joins a step later); outputs equal full recompute."""
-    llm = LLM(tiny_model_dir, **ENGINE, host_cache_bytes=64 << 20, host_inline_fetch=inline)
+    token from that very step (a background fetch joins a step later); outputs equal full recompute. No
+    read-ahead: one still running at admission would join a later step too."""
+    llm = LLM(
+        tiny_model_dir, **ENGINE, host_cache_bytes=64 << 20, host_inline_fetch=inline, host_prefetch=False
+    )
     got = _capture(llm)
     agents = Agents(llm.engine.spec.vocab_size, seed=4)
     outs = _check_round(llm, got, plain, agents.contexts)
@@ -329,6 +332,30 @@ def test_an_inline_fetch_runs_a_restored_request_in_the_step_that_admits_it(tiny
         engine.step()
     _check_round(llm, got, plain, agents.contexts)  # the other two restore as well
     assert engine.host.stats.restores >= 3
+    engine.close()
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_queued_requests_have_their_host_hits_read_ahead(tiny_model_dir, plain, prefetch):
+    """--host-prefetch: a queued request's host hit is read and verified in the background while it waits,
+    and the step that admits it takes the objects over (outputs equal full recompute); a request aborted
+    while queued has its read dropped, and no state stays pinned."""
+    llm = LLM(tiny_model_dir, **ENGINE, host_cache_bytes=64 << 20, host_prefetch=prefetch)
+    got = _capture(llm)
+    agents = Agents(llm.engine.spec.vocab_size, seed=6)
+    outs = _check_round(llm, got, plain, agents.contexts)
+    _drop_gpu_cache(llm)
+    agents.advance([o.token_ids for o in outs])
+    engine, host = llm.engine, llm.engine.host
+    engine.abort(engine.add_request(agents.contexts[0], PARAMS))  # queued, never admitted
+    _check_round(llm, got, plain, agents.contexts)
+    assert host.stats.restores == 3
+    assert (host.stats.prefetches, host.stats.prefetches_used) == ((4, 3) if prefetch else (0, 0))
+    deadline = time.monotonic() + 10  # a dropped read that was running unpins in its done callback
+    while any(s.pins for s in host.index.states.values()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not any(s.pins for s in host.index.states.values())
+    engine.check_integrity()
     engine.close()
 
 

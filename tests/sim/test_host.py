@@ -28,11 +28,16 @@ class Clock:
         return self.now
 
 
-def _tier(capacity: int = 64 << 30, inline: bool = False) -> tuple[SimHostTier, Clock]:
+def _tier(
+    capacity: int = 64 << 30, inline: bool = False, prefetch: bool = False
+) -> tuple[SimHostTier, Clock]:
     clock = Clock()
     spec = spec_of("qwen3-next-2b")
     cost = PrefillCost(1e-5, 1e-10)
-    return SimHostTier(spec, torch.bfloat16, 64, capacity, cost, clock, 256, inline_fetch=inline), clock
+    tier = SimHostTier(
+        spec, torch.bfloat16, 64, capacity, cost, clock, 256, inline_fetch=inline, prefetch=prefetch
+    )
+    return tier, clock
 
 
 def test_a_written_state_is_found_once_its_write_has_landed():
@@ -76,6 +81,35 @@ def test_an_inline_fetch_is_ready_at_admission():
     assert restore.ready_at == 10.0 and restore.ready() and restore.poll() is RestorePhase.READY
 
 
+def test_a_restore_read_ahead_costs_the_engine_only_its_copy():
+    # The real tier's read-ahead (cache/host/prefetch.py): from the request's queueing the inline read's time
+    # (start_restore less load, per token) on the fetch thread, plus a GIL switch interval per object. The
+    # restore that takes it over charges the engine thread `load` alone; admitted after the read it runs at
+    # once, before it when the read lands. A read-ahead that does not cover the restore is dropped, its pin
+    # with it, and the restore reads inline.
+    tier, clock = _tier(inline=True, prefetch=True)
+    tokens = list(range(1, 1001))
+    tier.write_back(tokens, 1000, blocks=[], slot=0)
+    clock.now = 10.0
+    hit = tier.lookup(tokens, limit=1000)
+    calls, _ = tier.calls, tier.take_engine_seconds()
+    read = 1000 * (calls.restore_s_per_token - calls.load_s_per_token) + 4e-3  # 3 whole chunks and the state
+    for early in (-1.0, 0.0, read / 2):  # admitted a second after the read landed, as it lands, before
+        prefetch = tier.prefetch(hit, first_chunk=0)
+        assert prefetch.ready_at == pytest.approx(clock.now + read) and tier.index.states[hit.key].pins == 1
+        clock.now = prefetch.ready_at - early
+        restore = tier.start_restore(hit, 0, 1000, blocks=[], slot=0, prefetched=prefetch)
+        assert restore.inline == (early <= 0) and restore.fetched_at == restore.ready_at == prefetch.ready_at
+        assert tier.take_engine_seconds() == pytest.approx(1000 * calls.load_s_per_token)
+        clock.now = max(clock.now, restore.ready_at)
+        assert restore.poll() is RestorePhase.READY and tier.index.states[hit.key].pins == 0
+    other = tier.prefetch(hit, first_chunk=1)  # read from chunk 1: a restore from chunk 0 needs more
+    tier.start_restore(hit, 0, 1000, blocks=[], slot=0, prefetched=other)
+    assert tier.take_engine_seconds() == 1000 * calls.restore_s_per_token  # read inline after all
+    assert tier.index.states[hit.key].pins == 1 and tier.prefetches_held == 0
+    assert (tier.prefetches, tier.prefetches_used) == (4, 3)
+
+
 def test_the_host_tier_serves_what_the_gpu_cache_evicted():
     # A GPU cache far below the agents' working set: without the host tier the later turns recompute;
     # with it they restore the evicted states and hit deeper, and every request still completes.
@@ -92,8 +126,9 @@ def test_the_host_tier_serves_what_the_gpu_cache_evicted():
     # the request lines mark each landed restore with its fetch, as a server's step trace does
     fetched = [row for row in engines[0].request_rows if row["fetched"] is not None]
     assert len(fetched) == landed and all(
-        row["admitted"] <= row["fetched"] <= row["running"] for row in fetched
+        row["arrival"] <= row["fetched"] <= row["running"] for row in fetched
     )
+    assert 0 < tier.prefetches_used <= tier.prefetches  # queued requests' hits were read ahead
     engines[0].scheduler.check_integrity()
     assert not engines[0].has_work
 
@@ -130,9 +165,11 @@ def test_the_steps_wait_out_the_tiers_calls_unless_the_profile_holds_them(tmp_pa
 
 def test_the_profile_says_what_the_tiers_calls_cost(tmp_path):
     # A profile's host section prices the calls (a real-size model's restores cost more per token than the
-    # 2B preset's defaults); zero costs charge nothing, and an unknown field is named.
+    # 2B preset's defaults); zero costs charge nothing, and an unknown field is named. No read-ahead: a wait
+    # for one still running is the engine thread's whatever the calls cost.
     sessions = [growing(f"s{i}", turns=6, first=3001 + 100 * i, step=2003, think=4.0) for i in range(6)]
     flags = ["--kv-cache-memory-bytes", "700M", "--max-num-seqs", "6", "--host-cache", "memory"]
+    flags.append("--no-host-prefetch")
     graphed = json.loads(Path(load_profile("h200-qwen3-next-2b-graphed").path).read_text())
     runs = {}
     for name, host in (("double", {"restore_s_per_token": 2.6e-6}), ("free", dict.fromkeys(COSTS, 0.0))):

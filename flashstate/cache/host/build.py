@@ -94,6 +94,7 @@ def build_host_tier(
         staging=staging,
         inline_fetch=config.host_inline,
         secret=secret,
+        prefetch=config.host_prefetch,
     )
     if kind == "mooncake":
         try:

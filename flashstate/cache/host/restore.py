@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     import torch
 
     from flashstate.cache.host.index import HostHit
+    from flashstate.cache.host.prefetch import HostPrefetch
 
 
 class RestoringTier(Protocol):
@@ -55,6 +56,10 @@ class HostRestore:
     future: Future | None = None  # the fetch (set by the tier once submitted)
     inline: bool = False  # fetched on the engine thread at admission: the sequence joins the admitting step
     fetched_at: float | None = None  # time.monotonic() when the fetch finished (the fetch thread sets it)
+    # a read-ahead taken over (prefetch.py): `future` is its read, whose first `skip` objects are chunks the
+    # GPU tree has shared since it began
+    prefetch: HostPrefetch | None = None
+    skip: int = 0
 
     @property
     def depth(self) -> int:
@@ -70,9 +75,12 @@ class HostRestore:
         if not self.future.done():
             return RestorePhase.PENDING
         objects = self.future.result()
+        if self.prefetch is not None:
+            self.fetched_at = self.prefetch.fetched_at
         if objects is None:
             self.tier.unpin(self.hit)
             return RestorePhase.FAILED
+        objects = objects[self.skip :]
         event = self.tier.load(self.hit, objects, self.blocks, self.slot, self.first_chunk)
         if event is not None:
             event.wait()  # the current stream

@@ -21,6 +21,8 @@ class HostTierStats:
     remote_restores: int = 0  # of restores: states another engine wrote (cross-replica restores)
     remote_restored_tokens: int = 0  # of restored_tokens: those of remote_restores
     restores: int = 0
+    prefetches: int = 0  # host hits read ahead while their requests waited (prefetch.py)
+    prefetches_used: int = 0  # of those: taken over by the request's restore
     restored_tokens: int = 0
     shared_tokens: int = 0  # of restored_tokens: KV the GPU cache still held (shared, not copied)
     misses_dropped: int = 0  # the store no longer held an object

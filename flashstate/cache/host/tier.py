@@ -48,6 +48,7 @@ from flashstate.cache.host.arena import HostArena
 from flashstate.cache.host.codec import ObjectBuilder, Spec, object_size, verify_many, views
 from flashstate.cache.host.index import HostHit, HostIndex
 from flashstate.cache.host.layout import HostLayout
+from flashstate.cache.host.prefetch import MAX_PREFETCHES, HostPrefetch
 from flashstate.cache.host.restore import HostRestore, Landing
 from flashstate.cache.host.stats import HostTierStats, engine_call
 from flashstate.cache.host.store import HostStore, StoreTimeoutError, StoreUnavailableError
@@ -71,6 +72,7 @@ class HostTier:
         staging: HostArena | None = None,
         inline_fetch: bool = False,
         secret: bytes | None = None,
+        prefetch: bool = False,
     ):
         if layout.chunk_tokens % transfer.block_size:
             raise ValueError("the host chunk must be a whole number of KV blocks")
@@ -89,6 +91,7 @@ class HostTier:
         self._pin = pin
         self._staging = staging
         self.inline_fetch = inline_fetch  # restores read on the caller's thread (an in-process store)
+        self.reads_ahead = prefetch and inline_fetch  # queued requests' hits are read ahead (prefetch.py)
         self._secret = secret or None
         self._chunk_bytes = object_size(layout.chunk_key(layout.root), transfer.kv_specs(layout.chunk_tokens))
         self._lock = threading.RLock()
@@ -103,6 +106,7 @@ class HostTier:
         self._fetcher = ThreadPoolExecutor(4, thread_name_prefix="flashstate-host-fetch")
         self.landing = Landing(self.unpin)
         self._fetches: set[Future] = set()
+        self._prefetches_held = 0  # read-aheads pinning a state, not yet taken over or dropped
 
     @property
     def retry_seconds(self) -> float:
@@ -256,15 +260,69 @@ class HostTier:
         return None
 
     @engine_call
+    def prefetch(self, hit: HostHit, first_chunk: int) -> HostPrefetch | None:
+        """Read and verify `hit` from chunk `first_chunk` on in the background while its request waits
+        (prefetch.py); None where the tier does not read ahead (not the in-process store) or
+        MAX_PREFETCHES are held already."""
+        if not self.reads_ahead or not self.available:
+            return None
+        with self._lock:
+            if self._prefetches_held >= MAX_PREFETCHES:
+                return None
+            self._prefetches_held += 1
+            self.index.pin(hit.key, 1)
+        prefetch = HostPrefetch(hit, first_chunk, Future(), self._prefetch_dropped)
+        prefetch.future = future = self._fetcher.submit(self._read_ahead, prefetch)
+        self._fetches.add(future)
+        future.add_done_callback(self._fetches.discard)
+        self.stats.prefetches += 1
+        return prefetch
+
+    def _prefetch_dropped(self, hit: HostHit) -> None:
+        """A read-ahead no restore took over is done: its state's pin goes (any thread)."""
+        with self._lock:
+            self._prefetches_held -= 1
+            self.index.pin(hit.key, -1)
+
+    def _read_ahead(self, prefetch: HostPrefetch) -> list[list[torch.Tensor]] | None:
+        try:
+            return self.fetch(prefetch.hit, prefetch.first_chunk)
+        except Exception:  # a failed read is a miss at admission, never a failed request
+            logger.exception("host tier: read-ahead failed")
+            return None
+        finally:
+            prefetch.fetched_at = time.monotonic()
+
+    @engine_call
     def start_restore(
-        self, hit: HostHit, first_chunk: int, kv_depth: int, blocks: list[int], slot: int
+        self,
+        hit: HostHit,
+        first_chunk: int,
+        kv_depth: int,
+        blocks: list[int],
+        slot: int,
+        prefetched: HostPrefetch | None = None,
     ) -> HostRestore:
         """Fetch `hit` from chunk `first_chunk` on in the background; the restore copies into `blocks`
-        (the whole table: ceil(depth / B) blocks) and `slot` once the engine polls it ready."""
+        (the whole table: ceil(depth / B) blocks) and `slot` once the engine polls it ready. `prefetched`:
+        the request's read-ahead, taken over (its objects and its pin) where it covers the restore, else
+        dropped."""
         self.landing.prune()
+        restore = HostRestore(self, hit, first_chunk, kv_depth, blocks, slot)
+        if prefetched is not None and prefetched.covers(hit, first_chunk):
+            restore.future, restore.prefetch = prefetched.future, prefetched
+            restore.skip = first_chunk - prefetched.first_chunk
+            # read already: the sequence runs in the step that admits it; else it is polled as a background
+            # fetch is, and runs in the first step after the read lands (the engine thread never waits)
+            restore.inline = prefetched.future.done()
+            with self._lock:
+                self._prefetches_held -= 1  # its pin is the restore's now
+            self.stats.prefetches_used += 1
+            return restore
+        if prefetched is not None:
+            prefetched.drop()
         with self._lock:
             self.index.pin(hit.key, 1)  # its objects' bytes must stay put until the copies have landed
-        restore = HostRestore(self, hit, first_chunk, kv_depth, blocks, slot)
         if self.inline_fetch:
             restore.future, restore.inline = Future(), True
             restore.future.set_result(self._fetch_restore(restore))

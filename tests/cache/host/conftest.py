@@ -33,12 +33,16 @@ def make_tier(
     staging=None,
     secret: bytes | None = None,
     fingerprint: str | None = None,
+    prefetch: bool = False,
 ) -> HostTier:
     layout = HostLayout(fingerprint or f"test-{uuid.uuid4().hex[:8]}", CHUNK)
     cost = PrefillCost(1e-5, 1e-8)
+    inline = prefetch and isinstance(store, MemoryStore)  # the engine's rule: in-process stores read inline
+    transfer = StateTransfer(caches, BLOCK)
     return HostTier(
-        store, StateTransfer(caches, BLOCK), layout, cost, capacity, retry, staging=staging, secret=secret
-    )
+        store, transfer, layout, cost, capacity, retry, staging=staging, secret=secret, inline_fetch=inline,
+        prefetch=prefetch,
+    )  # fmt: skip
 
 
 @pytest.fixture(params=["memory", "mooncake"])

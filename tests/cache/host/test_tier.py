@@ -11,6 +11,8 @@ import torch
 
 from flashstate.cache.host.arena import HostArena
 from flashstate.cache.host.codec import encode
+from flashstate.cache.host.prefetch import MAX_PREFETCHES
+from flashstate.cache.host.restore import RestorePhase
 from flashstate.cache.host.store import MemoryStore, StoreUnavailableError
 from tests.cache.host.conftest import BLOCK, CHUNK, make_caches, make_tier
 
@@ -234,6 +236,51 @@ def test_a_dropped_restore_frees_its_fetched_objects_without_the_collector(new_s
         assert tier.index.states[hit.key].pins == 0
     finally:
         gc.enable()
+    tier.close()
+
+
+def test_a_restore_takes_over_the_read_ahead_that_covers_it(new_store):
+    """cache/host/prefetch.py: the in-process store's hit is read ahead in the background (Mooncake's is not:
+    its restores are read in the background anyway). A restore from a later chunk (the GPU tree shared more
+    KV since) skips the chunks it does not need and equals the state written; one from an earlier chunk
+    drops the read-ahead and reads for itself. No state stays pinned, and at most MAX_PREFETCHES are held."""
+    store = new_store()
+    caches = make_caches(seed=7)
+    tier = make_tier(store, caches, prefetch=True)
+    tokens = _tokens(22, 8)
+    tier.write_back(tokens, 22, _blocks(22), slot=2)
+    tier.flush()
+    hit = tier.lookup(tokens + [1], limit=22)
+    if not isinstance(store, MemoryStore):
+        assert tier.prefetch(hit, 0) is None
+        tier.close()
+        return
+    ahead = tier.prefetch(hit, 0)
+    wait([ahead.future], timeout=10)
+    restore_to = _blocks(22, first=30)
+    for block_from, block_to in zip(_blocks(8), restore_to[:2], strict=True):  # chunk 0 shared from the GPU
+        for pair in caches.kv:
+            for t in pair:
+                t[block_to] = t[block_from]
+    restore = tier.start_restore(hit, 1, 22, restore_to, slot=6, prefetched=ahead)
+    assert restore.inline and restore.skip == 1 and restore.poll() is RestorePhase.READY
+    assert restore.fetched_at == ahead.fetched_at
+    for a, b in zip(_kv_prefix(caches, restore_to, 22), _kv_prefix(caches, _blocks(22), 22), strict=True):
+        assert torch.equal(a, b)
+    assert all(torch.equal(conv[6], conv[2]) and torch.equal(ssm[6], ssm[2]) for conv, ssm in caches.states)
+    late = tier.prefetch(hit, 1)  # cannot serve a restore from chunk 0
+    restore = tier.start_restore(hit, 0, 22, _blocks(22, first=40), slot=5, prefetched=late)
+    assert restore.prefetch is None and restore.poll() is RestorePhase.READY
+    held = [tier.prefetch(hit, 0) for _ in range(MAX_PREFETCHES + 1)]
+    assert held[-1] is None and all(held[:-1])
+    for p in held[:-1]:
+        p.drop()
+    tier.flush()
+    deadline = time.monotonic() + 10  # a dropped read unpins in its done callback
+    while tier.index.states[hit.key].pins and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert tier.index.states[hit.key].pins == 0
+    assert (tier.stats.prefetches, tier.stats.prefetches_used) == (2 + MAX_PREFETCHES, 1)
     tier.close()
 
 
