@@ -11,10 +11,18 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-# the serve flags of a recorded command that shape the engine (the rest: where it ran, what it logged)
-ENGINE_FLAGS = ("--max-num-seqs", "--max-num-batched-tokens", "--kv-cache-memory-bytes")
-# defaults a run recorded before then did not have: (first day, the flag that restores the old behaviour)
-NEWER_DEFAULTS = (("2026-12-05", "--no-host-prefetch"),)
+# the serve flags of a recorded command that shape the engine (the rest: where it ran, what it logged), with
+# their values, and its on/off switches
+ENGINE_FLAGS = (
+    "--max-num-seqs",
+    "--max-num-batched-tokens",
+    "--kv-cache-memory-bytes",
+    "--host-chunk-tokens",
+)
+ENGINE_SWITCHES = ("--host-prefetch", "--no-host-prefetch", "--host-inline-fetch", "--no-host-inline-fetch")
+# defaults a run recorded before then did not have: (first day, the switch that restores the old behaviour,
+# the one that asks for the new), the first added where the command says neither
+NEWER_DEFAULTS = (("2026-12-05", "--no-host-prefetch", "--host-prefetch"),)
 METRICS = {
     "hit rate": lambda s: s["token_hit_rate"],
     "uncached p50": lambda s: s["uncached_tokens_per_request"]["p50"],
@@ -31,9 +39,14 @@ def simulate_argv(result: dict[str, Any], profile: str, traces: str | Path) -> l
     r, server = result["replay"], result["server"]
     command = server["command"]
     flags = [f"{k} {command[command.index(k) + 1]}" for k in ENGINE_FLAGS if k in command]
+    flags += [k for k in ENGINE_SWITCHES if k in command]
+    flags += [
+        off
+        for day, off, on in NEWER_DEFAULTS
+        if result.get("created", "") < day and off not in command and on not in command
+    ]
     policy = server.get("cache_policy") or result["label"]
-    older = [flag for day, flag in NEWER_DEFAULTS if result.get("created", "") < day]
-    variant = shlex.join([f"{result['label']}={policy}", *server.get("variant_args", []), *older])
+    variant = shlex.join([f"{result['label']}={policy}", *server.get("variant_args", [])])
     split = result["workload"].get("split")
     return [
         "simulate", *(["--trace-split", split] if split else []), "--profile", profile,
