@@ -10,7 +10,9 @@ traces are set side by side over the whole run:
 - the requests both ran, matched by session and turn: their prompts' lengths and the later turns' misses;
 - the requests, by where they resumed (host restore, GPU hit, cold: under half the prompt cached): how long
   they waited to be admitted (p50 / p90), their time from arrival to first token on the server (p50 / p90);
-  how many mostly-cached ones waited over 0.2 s; how long a request stayed from admission to its end.
+  for host restores, how many had their state read before admission (read ahead while queued) and when the
+  read landed after arrival (p50 / p90); how many mostly-cached ones waited over 0.2 s; how long a request
+  stayed from admission to its end.
 
     C=benchmarks/results/card-2026-12-04
     PYTHONPATH=. python benchmarks/sim_vs_card.py $C/tune-0.5-flashstate-host \\
@@ -81,6 +83,11 @@ def request_facts(requests: list[dict[str, Any]]) -> dict[str, float | None]:
         out[f"{kind}: admission wait p90 (s)"] = _pct(waits, 90)
         out[f"{kind}: server TTFT p50 (s)"] = _pct(ttfts, 50)
         out[f"{kind}: server TTFT p90 (s)"] = _pct(ttfts, 90)
+    host = [r for r in requests if _kind(r) == "host" and r.get("first_token") is not None]
+    reads = [r["fetched"] - r["arrival"] for r in host]  # a read-ahead starts when its request is queued
+    out["host: read before admission"] = sum(r["fetched"] < r["admitted"] for r in host)
+    out["host: arrival to read landed p50 (s)"] = _pct(reads, 50)
+    out["host: arrival to read landed p90 (s)"] = _pct(reads, 90)
     cached = [r for r in requests if _kind(r) != "cold"]
     out[f"cached: waited over {SLOW_WAIT_S} s"] = sum(
         r["admitted"] - r["arrival"] > SLOW_WAIT_S for r in cached
