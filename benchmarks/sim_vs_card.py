@@ -3,8 +3,8 @@ a profile with its own workload and flags (flashstate/sim/recorded.py) and `--st
 traces are set side by side over the whole run:
 
 - the engine: steps, wall time per step (its call and the engine loop's time before it: sim/fit.py's span),
-  the loop's share of it, the running set and the queue over time, and the engine thread's seconds in the
-  host tier's calls;
+  the loop's share of it, the states a step with prefill exports (checkpoints), the running set and the
+  queue over time, and the engine thread's seconds in the host tier's calls;
 - the prefix cache's evictions by reason;
 - how the profile's step model prices the card's steps (sim/fit.py's step_model_error);
 - the requests both ran, matched by session and turn: their prompts' lengths and the later turns' misses;
@@ -65,10 +65,16 @@ def engine_facts(rows: list[dict[str, Any]]) -> dict[str, float]:
     for key in ("running", "waiting"):  # as each step left them, over its span
         counts = np.array([r[key] for r in rows])
         weighted[f"{key}, time-weighted mean"] = float(counts @ spans / spans.sum()) if len(rows) else 0.0
+    prefills = [r for r in rows if r["prefill_tokens"]]
+    if not any("exports" in r for r in prefills):  # a trace from before steps counted their exports
+        prefills = []
     return {
         "steps": len(rows),
         "ms per step (span)": float(spans.mean()) if len(rows) else 0.0,
         "engine loop, % of spans": 100 * loop_share(rows),
+        "states exported per step with prefill": (
+            sum(r.get("exports", 0) for r in prefills) / len(prefills) if prefills else None
+        ),
     } | weighted
 
 

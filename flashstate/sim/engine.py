@@ -310,9 +310,10 @@ class SimEngine:
         decode steps taking `seconds` in all) `decodes` sequences holding `context` tokens at the first;
         `graphed` as the engine would have run it. The running and waiting counts are the scheduler's now,
         and the step's end sets the last row's (`_counted`), as a server's trace counts them after a step."""
-        tokens = seqs = pairs = 0
+        tokens = seqs = pairs = exports = 0
         if batch is not None:
             tokens, seqs, decodes, pairs, context = step_shape(batch.seqs, batch.num_tokens, computed=False)
+            exports = len(batch.exports)
         sched = self.scheduler
         ms = 1e3 * seconds / repeat
         self.step_rows.extend(
@@ -327,6 +328,7 @@ class SimEngine:
                 pairs,
                 context + i * decodes,
                 graphed,
+                exports,
             )  # fmt: skip
             for i in range(repeat)
         )

@@ -34,6 +34,7 @@ def test_the_card_and_its_simulation_side_by_side(traces, tmp_path):
     assert sum(int(cells[f"{k}: requests"][1].replace(",", "")) for k in kinds) == len(sim_requests)
     assert cells["host: requests"][:2] == ["0", "0"] and cells["host-tier calls (s)"][:2] == ["–", "0"]
     assert cells["host: read before admission"][:2] == ["0", "0"]
+    assert cells["states exported per step with prefill"][1] != "–"  # the simulator's rows count them
 
 
 def test_a_run_without_a_step_trace_is_refused(tmp_path):

@@ -104,6 +104,11 @@ def test_simulate_writes_the_step_trace_a_server_keeps(tmp_path):
     assert len(steps) == sim["engine_steps"] and summarize(steps, requests) == sim["steps"]
     assert len(requests) == sim["steps"]["ttft_parts"]["requests"] > 0
     assert steps[-1]["running"] == steps[-1]["waiting"] == 0  # the last step left nothing behind
+    # the states each step checkpoints, as a server's rows count them: flashstate's prefills export some
+    assert (
+        all(r["exports"] >= 0 for r in steps) and sum(r["exports"] for r in steps if r["prefill_tokens"]) > 0
+    )
+    assert not any(r["exports"] for r in steps if not r["prefill_tokens"])
     trace = out / "steps-flashstate.jsonl.gz"
     assert main(["fit-profile", str(trace), "--out", str(tmp_path / "p.json")]) == 0
 
