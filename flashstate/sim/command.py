@@ -25,7 +25,7 @@ from flashstate.bench.command import (
 )
 from flashstate.bench.config import ReplayConfig
 from flashstate.bench.replay import SessionSource
-from flashstate.bench.report import build_result
+from flashstate.bench.report import build_result, read_result
 from flashstate.bench.step_summary import STEP_FIELDS, summarize
 from flashstate.config import EngineConfig
 from flashstate.sim.engine import SimEngine
@@ -199,7 +199,7 @@ def run_fit_profile(args: argparse.Namespace) -> int:
             modes = set()
             for trace, result in zip(traces, args.results, strict=True):
                 server.append(read_request_lines(trace))
-                run = json.loads(Path(result).read_text())
+                run = read_result(Path(result))  # as written, or gzipped as benchmarks/results keeps them
                 client += run["requests"]
                 modes.add(run.get("replay", {}).get("mode", "completions"))
             if len(modes) > 1:

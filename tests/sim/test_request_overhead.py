@@ -2,6 +2,7 @@
 `request` overhead delays its arrival at the simulated engine, and `fit-profile --results` fits it from a
 run's client records paired with its server's request lines."""
 
+import gzip
 import json
 import random
 from pathlib import Path
@@ -89,3 +90,9 @@ def test_fit_profile_writes_a_chat_runs_overhead_to_the_chat_terms(tmp_path, cap
     chat = fitted.chat_request_overhead
     assert chat is not None and chat != base.chat_request_overhead and 0 < chat(20_000) < 1.0
     assert not fitted.host_calls_in_steps and "chat_mode" in fitted.provenance
+    packed = tmp_path / "result-none.json.gz"  # as benchmarks/results keeps a result: the same fit
+    packed.write_bytes(gzip.compress((run / "result-none.json").read_bytes()))
+    again = tmp_path / "again.json"
+    args = ["fit-profile", str(run / "steps-none.jsonl.gz"), "--results", str(packed), "--name", "chat-fit"]
+    assert main([*args, "--base", "h200-qwen3-next-2b-graphed", "--out", str(again)]) == 0
+    assert json.loads(again.read_text()) == json.loads(out.read_text())
