@@ -132,6 +132,8 @@ def _stats(engine: SimEngine) -> dict[str, Any]:
         if engine.host is None
         else {
             "host_restores_started": engine.host.restores_started,
+            "host_prefetches": engine.host.prefetches,  # read-aheads started, and taken over by a restore
+            "host_prefetches_used": engine.host.prefetches_used,
             "host_hits": s.host_hits,
             "host_states": len(engine.host.index),
             "host_bytes_used": engine.host.index.used,

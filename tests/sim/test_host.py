@@ -11,6 +11,7 @@ import torch
 from flashstate.cache.cost import PrefillCost
 from flashstate.cache.host.restore import RestorePhase
 from flashstate.sim import host as sim_host
+from flashstate.sim.command import _stats
 from flashstate.sim.host import SimHostTier
 from flashstate.sim.profile import HostCallCosts, ProfileError, load_profile
 from flashstate.spec.hf_config import spec_of
@@ -129,6 +130,11 @@ def test_the_host_tier_serves_what_the_gpu_cache_evicted():
         row["arrival"] <= row["fetched"] <= row["running"] for row in fetched
     )
     assert 0 < tier.prefetches_used <= tier.prefetches  # queued requests' hits were read ahead
+    stats = _stats(engines[0])  # what `simulate` reports of the run
+    assert [stats["host_prefetches"], stats["host_prefetches_used"]] == [
+        tier.prefetches,
+        tier.prefetches_used,
+    ]
     engines[0].scheduler.check_integrity()
     assert not engines[0].has_work
 
