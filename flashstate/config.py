@@ -268,11 +268,11 @@ class EngineConfig:
         "read and verify a restore from the in-process store on the engine thread when the request is "
         "admitted, so it runs in that very step rather than the next; no effect on the mooncake store",
     )
-    host_prefetch: bool = _host(  # the engine thread then only copies a restore in
-        True,
+    host_prefetch: bool = _host(  # off: on the H200 it cost TPM and TTFT p90 (benchmarks/RESULTS.md)
+        False,
         "read and verify a queued request's host hit in the background while it waits, so the step that "
-        "admits it only copies the state in; the in-process store only (Mooncake's restores are read in "
-        "the background anyway)",
+        "admits it only copies the state in (one admitted before the read lands joins a later step); the "
+        "in-process store only (Mooncake's restores are read in the background anyway)",
     )
     host_cache_timeout: float = _host(  # a hung master stalls the engine thread this long once per outage
         5.0,

@@ -20,9 +20,10 @@ ENGINE_FLAGS = (
     "--host-chunk-tokens",
 )
 ENGINE_SWITCHES = ("--host-prefetch", "--no-host-prefetch", "--host-inline-fetch", "--no-host-inline-fetch")
-# defaults a run recorded before then did not have: (first day, the switch that restores the old behaviour,
-# the one that asks for the new), the first added where the command says neither
-NEWER_DEFAULTS = (("2026-12-05", "--no-host-prefetch", "--host-prefetch"),)
+# defaults that held for a while: (from, until: UTC times as results stamp them, the switch a run made then
+# had by default, its opposite); the first is added where the command says neither. Read-aheads were on by
+# default from 86c8082 until the H200 measured them (RESULTS.md, "Host hits read ahead while queued").
+OLD_DEFAULTS = (("2026-12-05T00:00", "2026-12-05T02:30", "--host-prefetch", "--no-host-prefetch"),)
 METRICS = {
     "hit rate": lambda s: s["token_hit_rate"],
     "uncached p50": lambda s: s["uncached_tokens_per_request"]["p50"],
@@ -34,16 +35,17 @@ METRICS = {
 
 def simulate_argv(result: dict[str, Any], profile: str, traces: str | Path) -> list[str]:
     """`flashstate simulate` arguments (no --out) for the recorded run: its policy and variant flags under its
-    label (`flashstate-host` stays that; defaults newer than the run turned off), the engine flags its server
-    command had, and the replay's seed, agents, windows, scale and trace half."""
+    label (`flashstate-host` stays that), the engine flags and switches its server command had (and a default
+    of the run's time that is no longer one), and the replay's seed, agents, windows, scale and trace half."""
     r, server = result["replay"], result["server"]
     command = server["command"]
     flags = [f"{k} {command[command.index(k) + 1]}" for k in ENGINE_FLAGS if k in command]
     flags += [k for k in ENGINE_SWITCHES if k in command]
+    created = result.get("created", "")
     flags += [
-        off
-        for day, off, on in NEWER_DEFAULTS
-        if result.get("created", "") < day and off not in command and on not in command
+        then
+        for since, until, then, other in OLD_DEFAULTS
+        if since <= created < until and then not in command and other not in command
     ]
     policy = server.get("cache_policy") or result["label"]
     variant = shlex.join([f"{result['label']}={policy}", *server.get("variant_args", [])])

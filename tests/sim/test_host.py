@@ -117,7 +117,9 @@ def test_the_host_tier_serves_what_the_gpu_cache_evicted():
     sessions = [growing(f"s{i}", turns=6, first=3001 + 100 * i, step=2003, think=4.0) for i in range(6)]
     flags = ["--kv-cache-memory-bytes", "700M", "--max-num-seqs", "6"]
     gpu, _ = run(sessions, "flashstate", flags, agents=6)
-    tiered, engines = run(sessions, "flashstate", [*flags, "--host-cache", "memory"], agents=6)
+    tiered, engines = run(
+        sessions, "flashstate", [*flags, "--host-cache", "memory", "--host-prefetch"], agents=6
+    )
     tier = engines[0].host
     landed = engines[0].cache.stats.host_hits
     assert tier is not None and 0 < landed <= tier.restores_started
@@ -171,11 +173,9 @@ def test_the_steps_wait_out_the_tiers_calls_unless_the_profile_holds_them(tmp_pa
 
 def test_the_profile_says_what_the_tiers_calls_cost(tmp_path):
     # A profile's host section prices the calls (a real-size model's restores cost more per token than the
-    # 2B preset's defaults); zero costs charge nothing, and an unknown field is named. No read-ahead: a wait
-    # for one still running is the engine thread's whatever the calls cost.
+    # 2B preset's defaults); zero costs charge nothing, and an unknown field is named.
     sessions = [growing(f"s{i}", turns=6, first=3001 + 100 * i, step=2003, think=4.0) for i in range(6)]
     flags = ["--kv-cache-memory-bytes", "700M", "--max-num-seqs", "6", "--host-cache", "memory"]
-    flags.append("--no-host-prefetch")
     graphed = json.loads(Path(load_profile("h200-qwen3-next-2b-graphed").path).read_text())
     runs = {}
     for name, host in (("double", {"restore_s_per_token": 2.6e-6}), ("free", dict.fromkeys(COSTS, 0.0))):

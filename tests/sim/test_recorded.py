@@ -46,10 +46,11 @@ def _config(argv: list[str]):
 @pytest.mark.parametrize(
     ("created", "serve", "prefetch"),
     [
-        ("2026-12-04T20:18:57+00:00", [], False),  # before read-aheads: replayed without
-        ("2026-12-04T20:18:57+00:00", ["--host-prefetch"], True),
-        ("2026-12-05T10:00:00+00:00", [], True),  # the default since
-        ("2026-12-05T10:00:00+00:00", ["--no-host-prefetch"], False),
+        ("2026-12-04T20:18:57+00:00", [], False),  # before read-aheads
+        ("2026-12-05T02:16:41+00:00", [], True),  # while they were on by default: replayed with them
+        ("2026-12-05T02:14:03+00:00", ["--no-host-prefetch"], False),
+        ("2026-12-05T10:00:00+00:00", [], False),  # off by default since
+        ("2026-12-05T10:00:00+00:00", ["--host-prefetch"], True),
     ],
 )
 def test_the_replay_runs_the_engine_the_command_ran(created, serve, prefetch):

@@ -14,6 +14,10 @@ pin passes to it) or the prefetch is dropped: the request was admitted from a de
 no hit, or left the queue. A dropped read already running finishes on its own and unpins in its done
 callback, which refers to the tier and the hit, never back to the prefetch or its sequence.
 
+Off by default (`--host-prefetch`): on the H200 (benchmarks/RESULTS.md, 2026-12-05) most host hits were
+admitted before their read landed and then joined a later step, and the runs lost TPM and TTFT p90 to the
+engine thread's inline reads. It pays where requests wait in the queue longer than a read.
+
 Only the in-process store reads ahead: its reads are views of the store's own arena, so a prefetch holds no
 memory of its own. Mooncake's restores are read in the background at admission already, into staging memory
 a read ahead would have to share.
