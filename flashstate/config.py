@@ -490,6 +490,11 @@ class EngineConfig:
             )
         if not self.host_cache_timeout > 0:
             raise ValueError(f"host_cache_timeout must be > 0 seconds, got {self.host_cache_timeout}")
+        if self.host_prefetch and not self.host_inline:
+            raise ValueError(
+                "host_prefetch reads ahead what the in-process store would read at admission: it needs "
+                "host_cache 'memory' (or host_cache_bytes alone) and host_inline_fetch"
+            )
         if self.host_cache == "mooncake" and self.mooncake_master is None:
             raise ValueError("host_cache='mooncake' needs mooncake_master HOST:PORT")
         if self.mooncake_master is None:

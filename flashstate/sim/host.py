@@ -38,7 +38,7 @@ from flashstate.cache.cost import PrefillCost
 from flashstate.cache.host.build import chunk_tokens
 from flashstate.cache.host.index import HostHit, HostIndex
 from flashstate.cache.host.layout import HostLayout
-from flashstate.cache.host.prefetch import MAX_PREFETCHES
+from flashstate.cache.host.prefetch import MAX_PREFETCHES, ReadAhead
 from flashstate.cache.host.restore import RestorePhase
 from flashstate.sim.profile import MEASURED_2B_HOST_CALLS, HostCallCosts
 from flashstate.spec.model_spec import ModelSpec
@@ -49,16 +49,11 @@ WRITE_BYTES_PER_S = 2.06e9
 
 
 @dataclass(eq=False, slots=True)
-class SimPrefetch:
+class SimPrefetch(ReadAhead):
     """A read-ahead in flight: its objects read at `ready_at` on the simulation clock."""
 
-    hit: HostHit
-    first_chunk: int
     ready_at: float
     release: Callable[[HostHit], None]
-
-    def covers(self, hit: HostHit, first_chunk: int) -> bool:
-        return hit.key == self.hit.key and first_chunk >= self.first_chunk
 
     def drop(self) -> None:
         self.release(self.hit)

@@ -22,7 +22,8 @@ ENGINE_FLAGS = (
 ENGINE_SWITCHES = ("--host-prefetch", "--no-host-prefetch", "--host-inline-fetch", "--no-host-inline-fetch")
 # defaults that held for a while: (from, until: UTC times as results stamp them, the switch a run made then
 # had by default, its opposite); the first is added where the command says neither. Read-aheads were on by
-# default from 86c8082 until the H200 measured them (RESULTS.md, "Host hits read ahead while queued").
+# default from 86c8082 until the H200 measured them (RESULTS.md, "Host hits read ahead while queued"), where
+# a host tier was on.
 OLD_DEFAULTS = (("2026-12-05T00:00", "2026-12-05T02:30", "--host-prefetch", "--no-host-prefetch"),)
 METRICS = {
     "hit rate": lambda s: s["token_hit_rate"],
@@ -41,11 +42,11 @@ def simulate_argv(result: dict[str, Any], profile: str, traces: str | Path) -> l
     command = server["command"]
     flags = [f"{k} {command[command.index(k) + 1]}" for k in ENGINE_FLAGS if k in command]
     flags += [k for k in ENGINE_SWITCHES if k in command]
-    created = result.get("created", "")
+    created, tier = result.get("created", ""), {"--host-cache", "--host-cache-bytes"} & set(command)
     flags += [
         then
         for since, until, then, other in OLD_DEFAULTS
-        if since <= created < until and then not in command and other not in command
+        if tier and since <= created < until and then not in command and other not in command
     ]
     policy = server.get("cache_policy") or result["label"]
     variant = shlex.join([f"{result['label']}={policy}", *server.get("variant_args", [])])

@@ -92,6 +92,11 @@ def test_every_engine_config_field_has_a_flag_with_help():
         (["--prefill-cost-coefficients", "-1", "0"], "non-negative"),
         (["--max-waiting-requests", "0"], "max_waiting_requests must be >= 1"),
         (["--host-chunk-tokens", "0"], "host_chunk_tokens must be >= 1"),
+        (["--host-prefetch"], "host_prefetch reads ahead"),  # no host tier
+        (
+            ["--host-cache-bytes", "1G", "--no-host-inline-fetch", "--host-prefetch"],
+            "needs host_cache 'memory'",
+        ),
         (["--gil-switch-interval-ms", "0"], "gil_switch_interval_ms must be in (0, 1000]"),
         (["--port", "70000"], "port must be in"),
         (["a", "--model", "b"], "two models given"),

@@ -39,16 +39,22 @@ MAX_PREFETCHES = 8
 
 
 @dataclass(eq=False, slots=True)
-class HostPrefetch:
+class ReadAhead:
+    """What a read-ahead read, the tier's and the simulator's (sim/host.py) alike."""
+
     hit: HostHit
     first_chunk: int  # chunks [0, first_chunk) were left to the GPU tree's KV: not read
-    future: Future  # -> the objects from first_chunk on (chunks, then the state object), or None: a miss
-    release: Callable[[HostHit], None]  # the tier's: unpins the state of a read-ahead not taken over
-    fetched_at: float | None = None  # time.monotonic() when the read finished (the fetch thread sets it)
 
     def covers(self, hit: HostHit, first_chunk: int) -> bool:
         """It read what a restore of `hit` from chunk `first_chunk` needs."""
         return hit.key == self.hit.key and first_chunk >= self.first_chunk
+
+
+@dataclass(eq=False, slots=True)
+class HostPrefetch(ReadAhead):
+    future: Future  # -> the objects from first_chunk on (chunks, then the state object), or None: a miss
+    release: Callable[[HostHit], None]  # the tier's: unpins the state of a read-ahead not taken over
+    fetched_at: float | None = None  # time.monotonic() when the read finished (the fetch thread sets it)
 
     def drop(self) -> None:
         """Not taken over: cancel the read, or let a running one finish; the state is unpinned then."""
