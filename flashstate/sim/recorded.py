@@ -2,11 +2,13 @@
 workload, trace half, scale and engine flags on a profile, and the simulator's error against the run.
 
     simulate_argv(result, profile, traces)  `simulate` arguments for the run's policy under its own label
+    engine_cost(result)                     the prefill cost C(n) the run's engine priced its cache with
     error(simulated, measured)              metric -> simulated / measured − 1 (hit rate: the difference)
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,8 @@ ENGINE_SWITCHES = ("--host-prefetch", "--no-host-prefetch", "--host-inline-fetch
 # default from 86c8082 until the H200 measured them (RESULTS.md, "Host hits read ahead while queued"), where
 # a host tier was on.
 OLD_DEFAULTS = (("2026-12-05T00:00", "2026-12-05T02:30", "--host-prefetch", "--no-host-prefetch"),)
+COST_METRIC = "flashstate:prefill_cost_coefficient{"
+_TERM = re.compile(r'term="?([ab])"?[,}]')
 METRICS = {
     "hit rate": lambda s: s["token_hit_rate"],
     "uncached p50": lambda s: s["uncached_tokens_per_request"]["p50"],
@@ -34,13 +38,30 @@ METRICS = {
 }
 
 
+def engine_cost(result: dict[str, Any]) -> tuple[float, float] | None:
+    """(a, b) of the prefill cost C(n) = a·n + b·n² the run's engine used (its calibration, which prices
+    every checkpoint and KV path it keeps or evicts), read from the server's `/metrics` after the run; None
+    where the result has no such reading (a run of another server, or recorded without metrics)."""
+    after = (result.get("server_metrics") or {}).get("after") or {}
+    terms = {
+        m.group(1): value
+        for key, value in after.items()
+        if key.startswith(COST_METRIC) and (m := _TERM.search(key)) is not None
+    }
+    return (terms["a"], terms["b"]) if len(terms) == 2 else None
+
+
 def simulate_argv(result: dict[str, Any], profile: str, traces: str | Path) -> list[str]:
     """`flashstate simulate` arguments (no --out) for the recorded run: its policy and variant flags under its
     label (`flashstate-host` stays that), the engine flags and switches its server command had (and a default
-    of the run's time that is no longer one), and the replay's seed, agents, windows, scale and trace half."""
+    of the run's time that is no longer one), the prefill cost its engine priced its cache with (the card's
+    calibration, not the profile's: which states stay depends on it), and the replay's seed, agents, windows,
+    scale and trace half."""
     r, server = result["replay"], result["server"]
     command = server["command"]
     flags = [f"{k} {command[command.index(k) + 1]}" for k in ENGINE_FLAGS if k in command]
+    if (cost := engine_cost(result)) is not None:
+        flags.append(f"--prefill-cost-coefficients {cost[0]!r} {cost[1]!r}")
     flags += [k for k in ENGINE_SWITCHES if k in command]
     created, tier = result.get("created", ""), {"--host-cache", "--host-cache-bytes"} & set(command)
     flags += [

@@ -54,6 +54,7 @@ class ByteBlockTokens(BlockTokens):
 class _Done:
     output: list[int]
     too_long: bool = False
+    prompt_tokens: int = 0  # the prompt as the engine saw it (with a chat template's ids)
 
 
 def _stable_seed(*key: Any) -> int:
@@ -168,6 +169,7 @@ class SimReplay:
         context: list[Segment],
         max_tokens: int,
         target: int,
+        frontier: int | None,
     ) -> None:
         cfg = self.config
         self._sent += 1
@@ -205,6 +207,7 @@ class SimReplay:
                     echoed=error is None,
                     error=error,
                     too_long=too_long,
+                    frontier=frontier,
                 )
             )
 
@@ -214,7 +217,7 @@ class SimReplay:
             self._inflight -= 1
             seq = holder[0]
             record(now, seq, None, False)
-            self.loop.resume(proc, _Done(seq.output_token_ids))
+            self.loop.resume(proc, _Done(seq.output_token_ids, prompt_tokens=len(prompt)))
 
         def arrive() -> None:
             try:
@@ -259,6 +262,7 @@ class SimReplay:
         pending = [self._sub(lane, s, scope, sid, depth, rec) for s in session.subagents]
         context: list[Segment] = []
         prev = None
+        last: _Done | None = None  # the previous turn's answer
         for k, req in enumerate(session.requests):
             if pending:
                 joined = yield Join(pending)
@@ -266,7 +270,11 @@ class SimReplay:
                 if not all(joined):
                     return False
             yield Sleep(self._think(req.think_time))
-            context, _ = builder.next_context(context, scope, prev, req)
+            before = context_len(context)
+            context, plan = builder.next_context(context, scope, prev, req)
+            frontier = None
+            if last is not None and plan.kept == before:  # as bench/replay.py counts it
+                frontier = last.prompt_tokens + max(0, len(last.output) - 1)
             max_tokens = builder.output_len(req)
             if cfg.max_output_tokens is not None:
                 max_tokens = min(max_tokens, cfg.max_output_tokens)
@@ -275,12 +283,15 @@ class SimReplay:
                 break
             if self.stopped is not None:
                 return False
-            self._send(proc_ref[0], lane, sid, depth, k, context, max_tokens, builder.input_len(req))
+            self._send(
+                proc_ref[0], lane, sid, depth, k, context, max_tokens, builder.input_len(req), frontier
+            )
             done = yield Wait()
             if done.too_long:
                 rec.truncated = True
                 break
             rec.done += 1
+            last = done
             output = done.output
             if cfg.mode == "chat" and "thinking" in req.output_types:
                 output = output[int(len(output) * cfg.chat_thinking_share) :]

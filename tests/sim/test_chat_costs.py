@@ -3,6 +3,7 @@ message, the same ones when a later turn re-sends the message, and rendering a c
 thread's time, which the next step waits out; `fit-profile` fits both from chat-mode runs."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,22 @@ def test_keep_steps_without_results_is_refused(tmp_path, capsys):
     )
     assert main(["fit-profile", str(trace), "--keep-steps", "--out", str(tmp_path / "p.json")]) == 2
     assert "--keep-steps" in capsys.readouterr().err and not (tmp_path / "p.json").exists()
+
+
+def test_continuations_count_the_tokens_they_get_short_of_the_frontier(tmp_path):
+    """As a card run counts them (bench/replay.py): a turn that re-sends its whole context has the previous
+    turn's prompt + output − 1 as its frontier. A chat answer whose reasoning is not re-sent leaves the cached
+    path at the prompt's end, short of it by about the reasoning; a plain answer reaches it."""
+    plain = growing("s", turns=3, first=2000, step=700, out=40, think=0.5)
+    thinking = replace(
+        plain, requests=tuple(replace(r, output_types=("thinking", "text")) for r in plain.requests)
+    )
+    kept, _ = run([plain], "flashstate", FLAGS, profile=_profile(tmp_path), mode="chat")
+    cut, _ = run([thinking], "flashstate", FLAGS, profile=_profile(tmp_path), mode="chat")
+    for result in (kept, cut):
+        first, *later = result.requests
+        assert first.frontier is None and all(r.frontier is not None for r in later)
+        for before, after in zip(result.requests, later, strict=False):
+            assert after.frontier == before.prompt_tokens + before.output_tokens - 1
+    assert all(r.short_of_frontier == 0 for r in kept.requests)
+    assert all(r.short_of_frontier > 0 for r in cut.requests[1:])

@@ -7,7 +7,7 @@ import pytest
 
 from flashstate.sim.command import engine_config
 from flashstate.sim.profile import load_profile
-from flashstate.sim.recorded import simulate_argv
+from flashstate.sim.recorded import engine_cost, simulate_argv
 
 REPLAY = {
     "seed": 0, "agents": 48, "warmup_s": 15.0, "duration_s": 60.0, "drain_s": 10.0, "length_scale": 0.25,
@@ -40,7 +40,7 @@ def _result(created: str, *serve: str) -> dict:
 def _config(argv: list[str]):
     serve = shlex.split(argv[argv.index("--serve-args") + 1])
     variant = shlex.split(argv[argv.index("--variant") + 1])[1:]
-    return engine_config(load_profile(None), [*serve, *variant], "flashstate")
+    return engine_config(load_profile(argv[argv.index("--profile") + 1]), [*serve, *variant], "flashstate")
 
 
 @pytest.mark.parametrize(
@@ -59,3 +59,26 @@ def test_the_replay_runs_the_engine_the_command_ran(created, serve, prefetch):
     assert config.host_prefetch is prefetch and config.host_chunk_tokens == 4096
     assert config.max_num_seqs == 48 and config.host_tier == "memory"
     assert "--kernel-cache" not in argv[argv.index("--serve-args") + 1]  # where it ran, not what it ran
+
+
+def test_the_replay_prices_the_cache_with_the_engine_s_calibration():
+    """Which checkpoints and KV paths an engine keeps depends on its prefill cost C(n): a replay uses the
+    coefficients the run's server reported (its calibration), not the profile's."""
+    result = _result("2026-12-04T20:18:57+00:00")
+    labels = 'model_name="/tmp/fs/models/m",source="cached"'
+    result["server_metrics"] = {
+        "after": {
+            f'flashstate:prefill_cost_coefficient{{{labels},term="a"}}': 7.510875029006147e-06,
+            f'flashstate:prefill_cost_coefficient{{{labels},term="b"}}': 1.1671723690957035e-10,
+            "flashstate:num_requests_running": 0.0,
+        }
+    }
+    assert engine_cost(result) == (7.510875029006147e-06, 1.1671723690957035e-10)
+    config = _config(simulate_argv(result, "h200-qwen3-next-2b-tune", "T"))
+    assert config.prefill_cost_coefficients == (7.510875029006147e-06, 1.1671723690957035e-10)
+    # a run without the reading (another server's) keeps the profile's
+    assert engine_cost(_result("2026-12-04T20:18:57+00:00")) is None
+    profile = load_profile("h200-qwen3-next-2b-tune")
+    given = profile.engine_args[profile.engine_args.index("--prefill-cost-coefficients") + 1 :][:2]
+    config = _config(simulate_argv(_result("2026-12-04T20:18:57+00:00"), "h200-qwen3-next-2b-tune", "T"))
+    assert config.prefill_cost_coefficients == tuple(float(x) for x in given)
