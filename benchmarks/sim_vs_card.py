@@ -4,7 +4,7 @@ traces are set side by side over the whole run:
 
 - the engine: steps, wall time per step (its call and the engine loop's time before it: sim/fit.py's span),
   the loop's share of it, the states a step with prefill exports (checkpoints), the running set and the
-  queue over time, and the engine thread's seconds in the host tier's calls;
+  queue over time, and the engine thread's seconds in the host tier's calls, in all and by call;
 - the prefix cache's evictions by reason;
 - how the profile's step model prices the card's steps (sim/fit.py's step_model_error);
 - the requests both ran, matched by session and turn: their prompts' lengths and the later turns' misses;
@@ -103,15 +103,26 @@ def request_facts(requests: list[dict[str, Any]]) -> dict[str, float | None]:
     return out
 
 
-def host_seconds(result: dict[str, Any]) -> float | None:
-    """The engine thread's seconds in the host tier's calls over the run: a card's from its metrics, a
-    simulation's from its cache stats."""
+HOST_CALLS = ("lookup", "start_restore", "load", "write_back")
+
+
+def host_seconds(result: dict[str, Any]) -> dict[str, float | None]:
+    """The engine thread's seconds in the host tier's calls over the run, in all and by call: a card's from
+    its metrics, a simulation's from its cache stats (by call where it counted them)."""
     sim = result["server"].get("simulated")
     if sim is not None:
-        return sum(s.get("host_engine_s", 0.0) for s in sim["cache_stats"])
-    delta = (result.get("server_metrics") or {}).get("delta") or {}
-    found = [v for k, v in delta.items() if k.startswith("flashstate:host_cache_engine_seconds_total")]
-    return sum(found) if found else None
+        stats = sim["cache_stats"]
+        total: float | None = sum(s.get("host_engine_s", 0.0) for s in stats)
+        by_call = [s.get("host_engine_s_by_call") for s in stats]
+        calls = {c: sum(b.get(c, 0.0) for b in by_call) if all(by_call) else None for c in HOST_CALLS}
+    else:
+        delta = (result.get("server_metrics") or {}).get("delta") or {}
+        found = {k: v for k, v in delta.items() if k.startswith("flashstate:host_cache_engine_seconds_total")}
+        total = sum(found.values()) if found else None
+        calls = {
+            c: sum(v for k, v in found.items() if f'call="{c}"' in k) if found else None for c in HOST_CALLS
+        }
+    return {"host-tier calls (s)": total} | {f"host-tier calls: {c} (s)": v for c, v in calls.items()}
 
 
 EVICTIONS = ("capacity_kv", "capacity_state", "spare")
@@ -131,8 +142,7 @@ def evictions(result: dict[str, Any]) -> dict[str, float | None]:
 
 
 def facts(result: dict[str, Any], rows: list[dict[str, Any]], requests: list[dict[str, Any]]) -> dict:
-    host = {"host-tier calls (s)": host_seconds(result)}
-    return engine_facts(rows) | host | evictions(result) | request_facts(requests)
+    return engine_facts(rows) | host_seconds(result) | evictions(result) | request_facts(requests)
 
 
 def priced(profile: Profile, rows: list[dict[str, Any]]) -> str:

@@ -37,6 +37,13 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
         "cliff moves further than the simulator's error)",
     )
     sim.add_argument(
+        "--engine-as-of",
+        default=None,
+        metavar="TIME",
+        help="simulate the engine as it was at TIME (UTC, as a bench result stamps `created`): the profile's "
+        "host-tier call costs of then (its host.earlier); a replay of a recorded run passes the run's",
+    )
+    sim.add_argument(
         "--step-trace",
         action="store_true",
         help="write each run's step trace as `bench compare` keeps the server's (steps-<label>.jsonl.gz in "

@@ -139,12 +139,15 @@ def _stats(engine: SimEngine) -> dict[str, Any]:
             "host_bytes_used": engine.host.index.used,
             "host_evictions": engine.host.index.evictions,
             "host_engine_s": engine.host.engine_seconds,
+            "host_engine_s_by_call": dict(engine.host.engine_seconds_by_call),
         }
     )
 
 
 def _run(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
+    if args.engine_as_of is not None:
+        profile = profile.as_of(args.engine_as_of)
     if args.step_cost_scale != 1.0:
         profile = profile.with_step_costs_scaled(args.step_cost_scale)
     variants = parse_variants(args.policies, args.variant or [])

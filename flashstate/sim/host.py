@@ -124,6 +124,9 @@ class SimHostTier:
         self.clock = clock
         self.restores_started = 0  # an admission that then finds no room cancels its restore
         self.engine_seconds = 0.0  # the engine thread's time in the calls, in all
+        # by call, named as the server's host_cache_engine_seconds_total{call} (the read-aheads' own starts
+        # are not priced)
+        self.engine_seconds_by_call = dict.fromkeys(("lookup", "start_restore", "load", "write_back"), 0.0)
         self._engine_pending = 0.0  # of which not yet charged to a step
         self._writes: list[tuple[float, int, str, list[str]]] = []  # (lands at, order, state, its chunks)
         self._order = 0
@@ -155,7 +158,7 @@ class SimHostTier:
         state_bytes = self.state_bytes + tail * self.token_bytes
         if not self.index.admit(key, depth, last, chunk_keys, state_bytes, self.chunk_bytes):
             return
-        self._charge(self.calls.write_back_s)
+        self._charge(self.calls.write_back_s, "write_back")
         lands = self.clock() + (state_bytes + len(new) * self.chunk_bytes) / WRITE_BYTES_PER_S
         self._order += 1
         heapq.heappush(self._writes, (lands, self._order, key, new))
@@ -172,7 +175,7 @@ class SimHostTier:
         self._land_writes()
         if not len(self.index):
             return None
-        self._charge(limit * self.calls.lookup_s_per_token)
+        self._charge(limit * self.calls.lookup_s_per_token, "lookup")
         hit = self.index.find(tokens, limit, self.layout.chain(tokens, limit, chain, salt), self.layout)
         return hit if hit is not None and hit.depth > floor else None
 
@@ -224,7 +227,7 @@ class SimHostTier:
             # ready when the read lands (at once where it has); the engine thread only copies the objects in
             self.prefetches_held -= 1
             self.prefetches_used += 1
-            self._charge(hit.depth * self.calls.load_s_per_token)
+            self._charge(hit.depth * self.calls.load_s_per_token, "load")
             ready = prefetched.ready_at
             inline = ready <= now
             return SimRestore(
@@ -232,7 +235,10 @@ class SimHostTier:
             )
         if prefetched is not None:
             prefetched.drop()
-        self._charge(hit.depth * self.calls.restore_s_per_token)
+        # an inline restore: the read and verify (start_restore), then the copy in (load)
+        load = hit.depth * min(self.calls.load_s_per_token, self.calls.restore_s_per_token)
+        self._charge(hit.depth * self.calls.restore_s_per_token - load, "start_restore")
+        self._charge(load, "load")
         if not self.inline_fetch:
             ready += self._read_seconds(hit, first_chunk)
         self.index.pin(hit.key, 1)
@@ -240,8 +246,9 @@ class SimHostTier:
             hit, first_chunk, kv_depth, ready, self.clock, unpin, inline=self.inline_fetch, fetched_at=ready
         )
 
-    def _charge(self, seconds: float) -> None:
+    def _charge(self, seconds: float, call: str) -> None:
         self.engine_seconds += seconds
+        self.engine_seconds_by_call[call] += seconds
         self._engine_pending += seconds
 
     def take_engine_seconds(self) -> float:

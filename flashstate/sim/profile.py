@@ -32,7 +32,9 @@
                 tier with the engine thread's time in the tier's calls left in its steps (sim/host.py
                 charges that time to the steps otherwise; `fit-profile` takes it out since 2026-12-04);
                 "lookup_s_per_token", "restore_s_per_token", "write_back_s", "load_s_per_token" (optional,
-                HostCallCosts' defaults, measured on the 2B preset): what those calls cost the engine thread,
+                HostCallCosts' defaults, measured on the 2B preset): what those calls cost the engine thread;
+                "earlier" (optional): [{"until": UTC time, the same four}, ...], what they cost an engine
+                built before `until` (a replay of a run recorded then: `simulate --engine-as-of`),
      "events": {"admit_s", "finish_s"}   (optional, 0) the engine thread's time per request a step admits
                 (its cache hit matched, blocks and slot taken, checkpoints planned) and per request a step
                 finishes (its checkpoints committed, its blocks released, its output closed),
@@ -159,6 +161,16 @@ class Profile:
     # are scaled keeps the measured one, so only time moves
     engine_cost: PrefillCost | None = None
     step_cost_scale: float = 1.0
+    # (until, costs), ascending: the host tier's call costs of an engine built before `until`
+    earlier_host_calls: tuple[tuple[str, HostCallCosts], ...] = ()
+
+    def as_of(self, when: str) -> Profile:
+        """This profile for an engine as it was at `when` (UTC, as results stamp `created`): the host tier's
+        call costs of the first `earlier` entry it precedes, else today's."""
+        for until, calls in self.earlier_host_calls:
+            if when < until:
+                return replace(self, host_calls=calls)
+        return self
 
     def with_step_costs_scaled(self, factor: float) -> Profile:
         """This profile with every step-time term (prefill, the fixed costs of a prefill step, decode, the
@@ -229,6 +241,12 @@ def _num(obj: dict, key: str, where: str, required: bool = True) -> float | None
     return float(value)
 
 
+def _host_calls(doc: dict, where: str) -> HostCallCosts:
+    """HostCallCosts from the costs `doc` names (HostCallCosts' defaults for the rest)."""
+    names = [f.name for f in fields(HostCallCosts)]
+    return HostCallCosts(**{k: v for k in names if (v := _num(doc, k, where, False)) is not None})
+
+
 def _prefill(doc: dict, where: str) -> PrefillCost:
     if not isinstance(doc, dict):
         raise ProfileError(f"{where}: expected an object")
@@ -290,11 +308,21 @@ def load_profile(name_or_path: str | None = None) -> Profile:
     if not isinstance(host_doc, dict) or not isinstance(host_doc.get("calls_in_steps", False), bool):
         raise ProfileError(f"{where}.host: expected an object with a boolean calls_in_steps")
     call_costs = [f.name for f in fields(HostCallCosts)]
-    if unknown := sorted(set(host_doc) - {"calls_in_steps", *call_costs}):
-        known = ", ".join(["calls_in_steps", *call_costs])
+    if unknown := sorted(set(host_doc) - {"calls_in_steps", "earlier", *call_costs}):
+        known = ", ".join(["calls_in_steps", "earlier", *call_costs])
         raise ProfileError(f"{where}.host: unknown field(s) {', '.join(unknown)} (known: {known})")
-    host_calls = HostCallCosts(
-        **{k: v for k in call_costs if (v := _num(host_doc, k, f"{where}.host", False)) is not None}
+    host_calls = _host_calls(host_doc, f"{where}.host")
+    earlier = host_doc.get("earlier") or []
+    if not isinstance(earlier, list) or not all(
+        isinstance(e, dict) and isinstance(e.get("until"), str) and not set(e) - {"until", *call_costs}
+        for e in earlier
+    ):
+        raise ProfileError(
+            f"{where}.host.earlier: expected a list of objects with an `until` time and call costs "
+            f"({', '.join(call_costs)})"
+        )
+    earlier_host_calls = tuple(
+        sorted((e["until"], _host_calls(e, f"{where}.host.earlier[{i}]")) for i, e in enumerate(earlier))
     )
     events_doc = doc.get("events") or {}
     if not isinstance(events_doc, dict):
@@ -324,6 +352,7 @@ def load_profile(name_or_path: str | None = None) -> Profile:
         request_overhead=overhead,
         host_calls_in_steps=host_doc.get("calls_in_steps", False),
         host_calls=host_calls,
+        earlier_host_calls=earlier_host_calls,
         events=events,
         chat_request_overhead=None if chat[0] is None else RequestOverhead(*chat),
         chat=ChatCosts(int(header), per_message, share, engine),

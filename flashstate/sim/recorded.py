@@ -55,8 +55,8 @@ def simulate_argv(result: dict[str, Any], profile: str, traces: str | Path) -> l
     """`flashstate simulate` arguments (no --out) for the recorded run: its policy and variant flags under its
     label (`flashstate-host` stays that), the engine flags and switches its server command had (and a default
     of the run's time that is no longer one), the prefill cost its engine priced its cache with (the card's
-    calibration, not the profile's: which states stay depends on it), and the replay's seed, agents, windows,
-    scale and trace half."""
+    calibration, not the profile's: which states stay depends on it), the run's time (the engine's costs
+    then, where the profile dates them), and the replay's seed, agents, windows, scale and trace half."""
     r, server = result["replay"], result["server"]
     command = server["command"]
     flags = [f"{k} {command[command.index(k) + 1]}" for k in ENGINE_FLAGS if k in command]
@@ -80,7 +80,7 @@ def simulate_argv(result: dict[str, Any], profile: str, traces: str | Path) -> l
         "--length-scale", str(r["length_scale"]), "--max-context", str(r["max_context"]),
         "--time-scale", str(r["time_scale"]), "--max-think-time", str(r["max_think_s"]),
         "--max-output-tokens", str(r["max_output_tokens"]), "--mode", r.get("mode", "completions"),
-        "--no-progress",
+        *(["--engine-as-of", created] if created else []), "--no-progress",
     ]  # fmt: skip
 
 

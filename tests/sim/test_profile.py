@@ -108,3 +108,39 @@ def test_step_costs_scale_but_the_engines_cost_model_stays(tmp_path, capsys):
     capsys.readouterr()
     assert main(["simulate", "--step-cost-scale", "-1", "--out", str(tmp_path / "bad")]) == 2
     assert "--step-cost-scale" in capsys.readouterr().err
+
+
+def test_a_replay_prices_the_host_tiers_calls_as_the_engine_of_its_time(tmp_path, capsys):
+    """The tune profile dates its host-tier call costs: an engine built before the checksum change had the
+    costlier calls, and `--engine-as-of` (which a recorded run's replay passes) picks them."""
+    tune = load_profile("h200-qwen3-next-2b-tune")
+    (until, then), *_ = tune.earlier_host_calls
+    assert tune.as_of("2026-12-04T15:55:37+00:00").host_calls == then
+    assert tune.as_of("2026-12-05T02:14:03+00:00").host_calls == tune.host_calls
+    assert then.restore_s_per_token > tune.host_calls.restore_s_per_token
+    with pytest.raises(ProfileError, match="host.earlier"):
+        load_profile(_write(tmp_path, _doc(host={"earlier": [{"until": "2026-12-04", "lookup": 1}]})))
+
+    # through the command: a host-tier run before `until` costs the engine thread more in the tier's calls
+    seconds = {}
+    for when in ("2026-12-04T00:00", "2026-12-05T00:00"):
+        out = tmp_path / when.replace(":", "")
+        argv = ["simulate", "--profile", "h200-qwen3-next-2b-tune", "--agents", "4", "--duration", "120"]
+        argv += ["--policies", "", "--variant", "h=flashstate --host-cache memory --host-cache-bytes 8G"]
+        argv += [
+            "--serve-args",
+            "--kv-cache-memory-bytes 4G --max-num-seqs 8",
+            "--seed",
+            "1",
+            "--engine-as-of",
+            when,
+        ]
+        assert main([*argv, "--out", str(out)]) == 0
+        sim = json.loads((out / "result-h.json").read_text())["server"]["simulated"]
+        seconds[when] = sim["cache_stats"][0]["host_engine_s_by_call"]
+        assert (
+            sim["host_calls"]["restore_s_per_token"]
+            == (then if when < until else tune.host_calls).restore_s_per_token
+        )
+    assert seconds["2026-12-04T00:00"]["write_back"] > seconds["2026-12-05T00:00"]["write_back"] > 0
+    capsys.readouterr()
