@@ -5,8 +5,9 @@ and gpu-overload-2026-12-03 (flashstate with the cold reserve and mixed-step gra
 steps, against the profile fitted from its steps, with the request overhead fitted from the earlier runs);
 and chat-vs-token-2026-12-03/token (48 agents, the headline flags, flashstate with its 64G host tier, with
 and without fallback checkpoints: the host profile fitted from the first run, checked against the second);
-card-2026-12-04 (48 agents: the validate half at half its working set, on the profile fitted on the tune
-half's runs; a real-size model at length scale 1, on a rough profile fitted on an earlier attempt).
+card-2026-12-04 and card-2026-12-05 (48 agents: the validate half at half its working set, on the profile
+fitted on the tune half's runs; a real-size model at length scale 1, on a rough profile fitted on an earlier
+attempt).
 
 Two levels: the served profile's step model prices the runs' recorded steps (`--step-trace`) within 15% of
 their measured time; and (where the Claude-Code traces are at hand) the simulator replaying the same
@@ -141,3 +142,20 @@ def test_the_tune_profile_with_chat_costs_predicts_the_chat_run(traces, tmp_path
     run = RESULTS / "card-2026-12-04" / "chat-17G-flashstate-host"
     got = _result(_simulate(run, TUNE_PROFILE, tmp_path, traces))["summary"]
     _assert_close(got, _result(run)["summary"], "output TPM", "uncached p50")
+
+
+def test_the_tune_profile_predicts_the_validate_half_at_today_s_engine(traces, tmp_path):
+    """The validate half at half its working set, twice on one card at f3e6542 (2026-12-05), against the
+    profile fitted on the tune half (its host-tier call costs refitted on the tune half's runs of that day):
+    hit rate, uncached p50 and throughput within 15% of each run; TTFT p50 and p90, which moved 13% and 41%
+    between the two runs, within 15% of the range they span (RESULTS.md, "The validate half at today's
+    engine")."""
+    runs = [RESULTS / "card-2026-12-05" / f"validate-0.5-{i}" for i in (1, 2)]
+    got = _result(_simulate(runs[0], TUNE_PROFILE, tmp_path, traces))["summary"]
+    wants = [_result(run)["summary"] for run in runs]
+    for want in wants:
+        _assert_close(got, want, "output TPM", "uncached p50")
+    for q in ("p50", "p90"):
+        low, high = min(w["ttft_s"][q] for w in wants), max(w["ttft_s"][q] for w in wants)
+        ttft = got["ttft_s"][q]
+        assert low * (1 - TOLERANCE) <= ttft <= high * (1 + TOLERANCE), (q, ttft, low, high)
