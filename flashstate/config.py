@@ -271,7 +271,7 @@ class EngineConfig:
     host_prefetch: bool = _host(  # off: on the H200 it cost TPM and TTFT p90 (benchmarks/RESULTS.md)
         False,
         "read and verify a queued request's host hit in the background while it waits, so the step that "
-        "admits it only copies the state in (one admitted before the read lands joins a later step); the "
+        "admits it only copies the state in (one admitted while its read runs waits for the rest); the "
         "in-process store only (Mooncake's restores are read in the background anyway)",
     )
     host_cache_timeout: float = _host(  # a hung master stalls the engine thread this long once per outage

@@ -224,14 +224,24 @@ class SimHostTier:
         now = ready = self.clock()
         unpin = lambda: self.index.pin(hit.key, -1)  # noqa: E731
         if prefetched is not None and prefetched.covers(hit, first_chunk):
-            # ready when the read lands (at once where it has); the engine thread only copies the objects in
+            # the engine thread waits for what is left of the read (no longer than reading it inline), then
+            # copies the objects in; the sequence runs in the step that admits it (the wait is that step's
+            # to carry, so the read counts as landed at admission where it had not)
             self.prefetches_held -= 1
             self.prefetches_used += 1
+            read = hit.depth * max(0.0, self.calls.restore_s_per_token - self.calls.load_s_per_token)
+            waited = min(max(0.0, prefetched.ready_at - now), read)
+            self._charge(waited, "start_restore")
             self._charge(hit.depth * self.calls.load_s_per_token, "load")
-            ready = prefetched.ready_at
-            inline = ready <= now
             return SimRestore(
-                hit, first_chunk, kv_depth, ready, self.clock, unpin, inline=inline, fetched_at=ready
+                hit,
+                first_chunk,
+                kv_depth,
+                now,
+                self.clock,
+                unpin,
+                inline=True,
+                fetched_at=min(prefetched.ready_at, now),
             )
         if prefetched is not None:
             prefetched.drop()

@@ -350,7 +350,9 @@ def test_queued_requests_have_their_host_hits_read_ahead(tiny_model_dir, plain, 
     engine.abort(engine.add_request(agents.contexts[0], PARAMS))  # queued, never admitted
     _check_round(llm, got, plain, agents.contexts)
     assert host.stats.restores == 3
-    assert (host.stats.prefetches, host.stats.prefetches_used) == ((4, 3) if prefetch else (0, 0))
+    # a read the fetch threads had not begun by admission is dropped and read inline: how many were taken
+    # over depends on the threads' timing (tests/cache/host/test_tier.py takes both paths in turn)
+    assert host.stats.prefetches == (4 if prefetch else 0) and host.stats.prefetches_used <= 3
     deadline = time.monotonic() + 10  # a dropped read that was running unpins in its done callback
     while any(s.pins for s in host.index.states.values()) and time.monotonic() < deadline:
         time.sleep(0.01)

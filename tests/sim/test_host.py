@@ -82,33 +82,37 @@ def test_an_inline_fetch_is_ready_at_admission():
     assert restore.ready_at == 10.0 and restore.ready() and restore.poll() is RestorePhase.READY
 
 
-def test_a_restore_read_ahead_costs_the_engine_only_its_copy():
+def test_a_restore_read_ahead_costs_the_engine_its_copy_and_what_is_left_of_the_read():
     # The real tier's read-ahead (cache/host/prefetch.py): from the request's queueing the inline read's time
     # (start_restore less load, per token) on the fetch thread, plus a GIL switch interval per object. The
-    # restore that takes it over charges the engine thread `load` alone; admitted after the read it runs at
-    # once, before it when the read lands. A read-ahead that does not cover the restore is dropped, its pin
-    # with it, and the restore reads inline.
+    # restore that takes it over charges the engine thread `load` and what is left of the read (the engine
+    # waits for it, no longer than reading inline), and runs in the step that admits it. A read-ahead that
+    # does not cover the restore is dropped, its pin with it, and the restore reads inline.
     tier, clock = _tier(inline=True, prefetch=True)
     tokens = list(range(1, 1001))
     tier.write_back(tokens, 1000, blocks=[], slot=0)
     clock.now = 10.0
     hit = tier.lookup(tokens, limit=1000)
     calls, _ = tier.calls, tier.take_engine_seconds()
-    read = 1000 * (calls.restore_s_per_token - calls.load_s_per_token) + 4e-3  # 3 whole chunks and the state
-    for early in (-1.0, 0.0, read / 2):  # admitted a second after the read landed, as it lands, before
+    inline = 1000 * (calls.restore_s_per_token - calls.load_s_per_token)
+    read = inline + 4e-3  # 3 whole chunks and the state: a switch interval each
+    for early in (-1.0, 0.0, read / 2, read):  # admitted a second after the read landed, as it lands, before
         prefetch = tier.prefetch(hit, first_chunk=0)
         assert prefetch.ready_at == pytest.approx(clock.now + read) and tier.index.states[hit.key].pins == 1
         clock.now = prefetch.ready_at - early
         restore = tier.start_restore(hit, 0, 1000, blocks=[], slot=0, prefetched=prefetch)
-        assert restore.inline == (early <= 0) and restore.fetched_at == restore.ready_at == prefetch.ready_at
-        assert tier.take_engine_seconds() == pytest.approx(1000 * calls.load_s_per_token)
-        clock.now = max(clock.now, restore.ready_at)
+        waited = min(max(early, 0.0), inline)
+        assert restore.inline and restore.ready_at == clock.now
+        assert restore.fetched_at == min(prefetch.ready_at, clock.now)
+        assert tier.take_engine_seconds() == pytest.approx(1000 * calls.load_s_per_token + waited)
         assert restore.poll() is RestorePhase.READY and tier.index.states[hit.key].pins == 0
     other = tier.prefetch(hit, first_chunk=1)  # read from chunk 1: a restore from chunk 0 needs more
     tier.start_restore(hit, 0, 1000, blocks=[], slot=0, prefetched=other)
-    assert tier.take_engine_seconds() == 1000 * calls.restore_s_per_token  # read inline after all
+    assert tier.take_engine_seconds() == pytest.approx(
+        1000 * calls.restore_s_per_token
+    )  # read inline after all
     assert tier.index.states[hit.key].pins == 1 and tier.prefetches_held == 0
-    assert (tier.prefetches, tier.prefetches_used) == (4, 3)
+    assert (tier.prefetches, tier.prefetches_used) == (5, 4)
 
 
 def test_the_host_tier_serves_what_the_gpu_cache_evicted():

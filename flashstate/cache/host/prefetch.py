@@ -3,8 +3,9 @@ tier's fetch thread when the request is queued, so the step that admits it only 
 (`load`) instead of reading and verifying them on the engine thread (an inline restore's `start_restore`,
 most of a restore's engine-thread time on the in-process store).
 
-A request admitted before its read has finished runs in the first step after the read lands, as a restore
-fetched in the background does; the engine thread never waits for a read-ahead.
+A request admitted while its read is running waits for it on the engine thread, which leaves the fetch thread
+the interpreter meanwhile, so the rest of the read takes no longer than reading inline would and the request
+runs in the step that admits it; a read still queued behind others is dropped and the restore reads inline.
 
     | < first_chunk * C tokens: KV the GPU tree held when queued, not read > | < read ahead: chunks, state > |
     0                                                                                               hit.depth
@@ -15,8 +16,9 @@ no hit, or left the queue. A dropped read already running finishes on its own an
 callback, which refers to the tier and the hit, never back to the prefetch or its sequence.
 
 Off by default (`--host-prefetch`): on the H200 (benchmarks/RESULTS.md, 2026-12-05) most host hits were
-admitted before their read landed and then joined a later step, and the runs lost TPM and TTFT p90 to the
-engine thread's inline reads. It pays where requests wait in the queue longer than a read.
+admitted before their read landed, and while such a request was polled until its read landed it joined a
+step later than an inline restore: the runs lost TPM and TTFT p90 to the engine thread's inline reads. The
+wait at admission replaces that polling and is not measured on the card yet.
 
 Only the in-process store reads ahead: its reads are views of the store's own arena, so a prefetch holds no
 memory of its own. Mooncake's restores are read in the background at admission already, into staging memory

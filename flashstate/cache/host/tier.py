@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import torch
 
@@ -56,6 +56,8 @@ from flashstate.cache.host.transfer import StateTransfer
 from flashstate.cache.host.writer import HostWriter
 
 logger = logging.getLogger("flashstate.host")
+# background reads (restores fetched off the engine thread, read-aheads) at once; more wait in the queue
+FETCH_THREADS = 4
 PROBE_CHUNKS = 4  # a shared store is probed for states in this many chunks below the deepest present one
 
 
@@ -103,7 +105,7 @@ class HostTier:
             self._try_reconnect,
             retry_seconds,
         )
-        self._fetcher = ThreadPoolExecutor(4, thread_name_prefix="flashstate-host-fetch")
+        self._fetcher = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="flashstate-host-fetch")
         self.landing = Landing(self.unpin)
         self._fetches: set[Future] = set()
         self._prefetches_held = 0  # read-aheads pinning a state, not yet taken over or dropped
@@ -309,17 +311,19 @@ class HostTier:
         dropped."""
         self.landing.prune()
         restore = HostRestore(self, hit, first_chunk, kv_depth, blocks, slot)
-        if prefetched is not None and prefetched.covers(hit, first_chunk):
+        if prefetched is not None and prefetched.covers(hit, first_chunk) and _started(prefetched.future):
             restore.future, restore.prefetch = prefetched.future, prefetched
             restore.skip = first_chunk - prefetched.first_chunk
-            # read already: the sequence runs in the step that admits it; else it is polled as a background
-            # fetch is, and runs in the first step after the read lands (the engine thread never waits)
-            restore.inline = prefetched.future.done()
+            # A read still running is waited for: the engine thread, waiting, leaves the fetch thread the
+            # interpreter, so the rest of the read takes no longer than reading it inline would, and the
+            # sequence runs in the step that admits it (polled instead, it joined a step later).
+            wait([prefetched.future])
+            restore.inline = True
             with self._lock:
                 self._prefetches_held -= 1  # its pin is the restore's now
             self.stats.prefetches_used += 1
             return restore
-        if prefetched is not None:
+        if prefetched is not None:  # not covering, or still queued behind other reads: read as without it
             prefetched.drop()
         with self._lock:
             self.index.pin(hit.key, 1)  # its objects' bytes must stay put until the copies have landed
@@ -507,3 +511,8 @@ class HostTier:
         self.store.close()
         if self._staging is not None:
             self._staging.close()
+
+
+def _started(future: Future) -> bool:
+    """A read the fetch thread has begun or finished: one still queued behind others is not waited for."""
+    return future.running() or future.done()

@@ -3,6 +3,7 @@ what the store lacks, GDS eviction under capacity, dropped and corrupt objects a
 
 import gc
 import random
+import threading
 import time
 from concurrent.futures import wait
 
@@ -14,6 +15,7 @@ from flashstate.cache.host.codec import encode
 from flashstate.cache.host.prefetch import MAX_PREFETCHES
 from flashstate.cache.host.restore import RestorePhase
 from flashstate.cache.host.store import MemoryStore, StoreUnavailableError
+from flashstate.cache.host.tier import FETCH_THREADS
 from tests.cache.host.conftest import BLOCK, CHUNK, make_caches, make_tier
 
 
@@ -281,6 +283,59 @@ def test_a_restore_takes_over_the_read_ahead_that_covers_it(new_store):
         time.sleep(0.01)
     assert tier.index.states[hit.key].pins == 0
     assert (tier.stats.prefetches, tier.stats.prefetches_used) == (2 + MAX_PREFETCHES, 1)
+    tier.close()
+
+
+def test_a_restore_waits_for_a_running_read_ahead_and_drops_a_queued_one():
+    """A read-ahead the fetch thread is running when its request is admitted is waited for (the sequence runs
+    in the admitting step); one still queued behind other work is dropped and the restore reads inline. Both
+    restore the state written, and no state stays pinned."""
+    caches = make_caches(seed=9)
+    tier = make_tier(MemoryStore(64 << 20), caches, prefetch=True)
+    tokens = _tokens(22, 9)
+    tier.write_back(tokens, 22, _blocks(22), slot=2)
+    tier.flush()
+    hit = tier.lookup(tokens + [1], limit=22)
+
+    def restored(first_block: int, slot: int) -> bool:
+        table = _blocks(22, first=first_block)
+        same_kv = all(
+            torch.equal(a, b)
+            for a, b in zip(_kv_prefix(caches, table, 22), _kv_prefix(caches, _blocks(22), 22), strict=True)
+        )
+        return same_kv and all(torch.equal(c[slot], c[2]) for pair in caches.states for c in pair)
+
+    busy = threading.Event()
+    for _ in range(FETCH_THREADS):  # every fetch thread busy: the next read waits in the queue
+        tier._fetcher.submit(busy.wait, 10)
+    queued = tier.prefetch(hit, 0)
+    restore = tier.start_restore(hit, 0, 22, _blocks(22, first=30), slot=6, prefetched=queued)
+    assert restore.prefetch is None and restore.inline and restore.poll() is RestorePhase.READY
+    assert restored(30, 6)
+    busy.set()
+
+    reading, release = threading.Event(), threading.Event()
+    fetch = tier.fetch
+
+    def held_fetch(hit, first_chunk):
+        reading.set()
+        release.wait(10)
+        return fetch(hit, first_chunk)
+
+    tier.fetch = held_fetch
+    running = tier.prefetch(hit, 0)
+    assert reading.wait(10)  # the read has begun and holds until released
+    threading.Thread(target=release.set).start()  # whenever it runs, the admission below waits for it
+    restore = tier.start_restore(hit, 0, 22, _blocks(22, first=40), slot=5, prefetched=running)
+    assert restore.prefetch is running and restore.inline and restore.poll() is RestorePhase.READY
+    assert restored(40, 5)
+    tier.fetch = fetch
+    tier.flush()
+    deadline = time.monotonic() + 10  # the dropped read unpins in its done callback
+    while tier.index.states[hit.key].pins and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert tier.index.states[hit.key].pins == 0
+    assert (tier.stats.prefetches, tier.stats.prefetches_used) == (2, 1)
     tier.close()
 
 
