@@ -186,11 +186,12 @@ class SimHostTier:
         return fetched / RESTORE_BYTES_PER_S + self._objects(hit, first_chunk) * RESTORE_SECONDS_PER_OBJECT
 
     def _read_ahead_seconds(self, hit: HostHit, first_chunk: int) -> float:
-        """A read-ahead of `hit` from the in-process store: the inline read's time on the fetch thread
-        (`start_restore` less `load`, per token read), and a GIL switch interval per object."""
-        read = hit.depth - first_chunk * self.layout.chunk_tokens
-        per_token = max(0.0, self.calls.restore_s_per_token - self.calls.load_s_per_token)
-        return read * per_token + self._objects(hit, first_chunk) * RESTORE_SECONDS_PER_OBJECT
+        """A read-ahead of `hit` from the in-process store on a fetch thread beside the busy engine thread:
+        the profile's rate per token read (on the card, the same at 1024- and 4096-token chunks)."""
+        return self._tokens_read(hit, first_chunk) * self.calls.read_ahead_s_per_token
+
+    def _tokens_read(self, hit: HostHit, first_chunk: int) -> int:
+        return hit.depth - first_chunk * self.layout.chunk_tokens
 
     @staticmethod
     def _objects(hit: HostHit, first_chunk: int) -> int:
@@ -224,13 +225,16 @@ class SimHostTier:
         now = ready = self.clock()
         unpin = lambda: self.index.pin(hit.key, -1)  # noqa: E731
         if prefetched is not None and prefetched.covers(hit, first_chunk):
-            # the engine thread waits for what is left of the read (no longer than reading it inline), then
-            # copies the objects in; the sequence runs in the step that admits it (the wait is that step's
-            # to carry, so the read counts as landed at admission where it had not)
+            # the engine thread waits for what is left of the read, then copies the objects in; the sequence
+            # runs in the step that admits it (the wait is that step's to carry, so the read counts as landed
+            # at admission where it had not)
             self.prefetches_held -= 1
             self.prefetches_used += 1
-            read = hit.depth * max(0.0, self.calls.restore_s_per_token - self.calls.load_s_per_token)
-            waited = min(max(0.0, prefetched.ready_at - now), read)
+            # what is left of the read goes at the inline rate while the engine thread waits for it
+            read = self._read_ahead_seconds(hit, prefetched.first_chunk)
+            left = min(max(0.0, prefetched.ready_at - now) / read, 1.0) if read > 0 else 0.0
+            inline = max(0.0, self.calls.restore_s_per_token - self.calls.load_s_per_token)
+            waited = left * self._tokens_read(hit, prefetched.first_chunk) * inline
             self._charge(waited, "start_restore")
             self._charge(hit.depth * self.calls.load_s_per_token, "load")
             return SimRestore(

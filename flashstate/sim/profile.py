@@ -31,7 +31,8 @@
      "host": {"calls_in_steps"}   (optional, false) true where the step model was fitted on a run with a host
                 tier with the engine thread's time in the tier's calls left in its steps (sim/host.py
                 charges that time to the steps otherwise; `fit-profile` takes it out since 2026-12-04);
-                "lookup_s_per_token", "restore_s_per_token", "write_back_s", "load_s_per_token" (optional,
+                "lookup_s_per_token", "restore_s_per_token", "write_back_s", "load_s_per_token",
+                "read_ahead_s_per_token" (optional,
                 HostCallCosts' defaults, measured on the 2B preset): what those calls cost the engine thread;
                 "earlier" (optional): [{"until": UTC time, the same four}, ...], what they cost an engine
                 built before `until` (a replay of a run recorded then: `simulate --engine-as-of`),
@@ -109,12 +110,16 @@ class HostCallCosts:
     request (two lookups each), restores 1.51–1.54 µs per restored token (`start_restore`'s 1.27–1.35, which
     reads and verifies the objects when the fetch is inline, and `load`'s 0.19–0.24, which copies them into
     the blocks), write-backs 3.2–3.9 ms a state. A restore whose objects were read ahead while its request
-    waited (cache/host/prefetch.py) costs the engine thread `load`'s part alone: load_s_per_token."""
+    waited (cache/host/prefetch.py) costs the engine thread `load`'s part and what is left of the read when it
+    is admitted. read_ahead_s_per_token is not the engine thread's: how long a read-ahead takes on a fetch
+    thread beside the busy engine thread, per token read (1.25–1.68 µs on the tune half's three read-ahead
+    card runs of 2026-12-05 at 1024- and 4096-token chunks alike, against ~0.54 µs read inline)."""
 
     lookup_s_per_token: float = 7.5e-8
     restore_s_per_token: float = 1.5e-6
     write_back_s: float = 3.5e-3
     load_s_per_token: float = 2.1e-7
+    read_ahead_s_per_token: float = 1.5e-6
 
 
 MEASURED_2B_HOST_CALLS = HostCallCosts()

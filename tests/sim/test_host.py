@@ -83,11 +83,11 @@ def test_an_inline_fetch_is_ready_at_admission():
 
 
 def test_a_restore_read_ahead_costs_the_engine_its_copy_and_what_is_left_of_the_read():
-    # The real tier's read-ahead (cache/host/prefetch.py): from the request's queueing the inline read's time
-    # (start_restore less load, per token) on the fetch thread, plus a GIL switch interval per object. The
-    # restore that takes it over charges the engine thread `load` and what is left of the read (the engine
-    # waits for it, no longer than reading inline), and runs in the step that admits it. A read-ahead that
-    # does not cover the restore is dropped, its pin with it, and the restore reads inline.
+    # The real tier's read-ahead (cache/host/prefetch.py): from the request's queueing, the profile's rate per
+    # token read on a fetch thread beside the busy engine thread. The restore that takes it over charges the
+    # engine thread `load` and what is left of the read at the inline rate (the engine waits for it), and
+    # runs in the step that admits it. A read-ahead that does not cover the restore is dropped, its pin with
+    # it, and the restore reads inline.
     tier, clock = _tier(inline=True, prefetch=True)
     tokens = list(range(1, 1001))
     tier.write_back(tokens, 1000, blocks=[], slot=0)
@@ -95,15 +95,15 @@ def test_a_restore_read_ahead_costs_the_engine_its_copy_and_what_is_left_of_the_
     hit = tier.lookup(tokens, limit=1000)
     calls, _ = tier.calls, tier.take_engine_seconds()
     inline = 1000 * (calls.restore_s_per_token - calls.load_s_per_token)
-    read = inline + 4e-3  # 3 whole chunks and the state: a switch interval each
-    for early in (-1.0, 0.0, read / 2, read):  # admitted a second after the read landed, as it lands, before
+    read = 1000 * calls.read_ahead_s_per_token
+    for left in (-0.5, 0.0, 0.5, 1.0):  # admitted after the read landed, as it lands, half-way, at its start
         prefetch = tier.prefetch(hit, first_chunk=0)
         assert prefetch.ready_at == pytest.approx(clock.now + read) and tier.index.states[hit.key].pins == 1
-        clock.now = prefetch.ready_at - early
+        clock.now = prefetch.ready_at - left * read
         restore = tier.start_restore(hit, 0, 1000, blocks=[], slot=0, prefetched=prefetch)
-        waited = min(max(early, 0.0), inline)
         assert restore.inline and restore.ready_at == clock.now
         assert restore.fetched_at == min(prefetch.ready_at, clock.now)
+        waited = max(left, 0.0) * inline
         assert tier.take_engine_seconds() == pytest.approx(1000 * calls.load_s_per_token + waited)
         assert restore.poll() is RestorePhase.READY and tier.index.states[hit.key].pins == 0
     other = tier.prefetch(hit, first_chunk=1)  # read from chunk 1: a restore from chunk 0 needs more
