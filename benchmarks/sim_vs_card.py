@@ -114,7 +114,8 @@ def host_seconds(result: dict[str, Any]) -> dict[str, float | None]:
         stats = sim["cache_stats"]
         total: float | None = sum(s.get("host_engine_s", 0.0) for s in stats)
         by_call = [s.get("host_engine_s_by_call") for s in stats]
-        calls = {c: sum(b.get(c, 0.0) for b in by_call) if all(by_call) else None for c in HOST_CALLS}
+        counted = all(b is not None for b in by_call)
+        calls = {c: sum(b.get(c, 0.0) for b in by_call) if counted else None for c in HOST_CALLS}
     else:
         delta = (result.get("server_metrics") or {}).get("delta") or {}
         found = {k: v for k, v in delta.items() if k.startswith("flashstate:host_cache_engine_seconds_total")}

@@ -32,10 +32,10 @@
                 tier with the engine thread's time in the tier's calls left in its steps (sim/host.py
                 charges that time to the steps otherwise; `fit-profile` takes it out since 2026-12-04);
                 "lookup_s_per_token", "restore_s_per_token", "write_back_s", "load_s_per_token",
-                "read_ahead_s_per_token" (optional,
-                HostCallCosts' defaults, measured on the 2B preset): what those calls cost the engine thread;
-                "earlier" (optional): [{"until": UTC time, the same four}, ...], what they cost an engine
-                built before `until` (a replay of a run recorded then: `simulate --engine-as-of`),
+                "read_ahead_s_per_token" (optional, HostCallCosts' defaults, measured on the 2B preset): what
+                those calls cost the engine thread, and a read-ahead's time on a fetch thread; "earlier"
+                (optional): [{"until": UTC time, any of those costs}, ...], what they cost an engine built
+                before `until` (a replay of a run recorded then: `simulate --engine-as-of`),
      "events": {"admit_s", "finish_s"}   (optional, 0) the engine thread's time per request a step admits
                 (its cache hit matched, blocks and slot taken, checkpoints planned) and per request a step
                 finishes (its checkpoints committed, its blocks released, its output closed),

@@ -28,7 +28,7 @@ ENGINE_SWITCHES = ("--host-prefetch", "--no-host-prefetch", "--host-inline-fetch
 # a host tier was on.
 OLD_DEFAULTS = (("2026-12-05T00:00", "2026-12-05T02:30", "--host-prefetch", "--no-host-prefetch"),)
 COST_METRIC = "flashstate:prefill_cost_coefficient{"
-_TERM = re.compile(r'term="?([ab])"?[,}]')
+_TERM = re.compile(r'term="([ab])"')
 METRICS = {
     "hit rate": lambda s: s["token_hit_rate"],
     "uncached p50": lambda s: s["uncached_tokens_per_request"]["p50"],
