@@ -38,7 +38,7 @@ from flashstate.sim.fit import (
     read_request_lines,
     read_steps,
 )
-from flashstate.sim.profile import Profile, load_profile
+from flashstate.sim.profile import Profile, load_profile, utc_time
 from flashstate.sim.replay import SimReplay
 from flashstate.spec.hf_config import spec_of
 
@@ -147,7 +147,7 @@ def _stats(engine: SimEngine) -> dict[str, Any]:
 def _run(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
     if args.engine_as_of is not None:
-        profile = profile.as_of(args.engine_as_of)
+        profile = profile.as_of(utc_time(args.engine_as_of, "--engine-as-of"))
     if args.step_cost_scale != 1.0:
         profile = profile.with_step_costs_scaled(args.step_cost_scale)
     variants = parse_variants(args.policies, args.variant or [])

@@ -51,6 +51,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, fields, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -167,11 +168,11 @@ class Profile:
     engine_cost: PrefillCost | None = None
     step_cost_scale: float = 1.0
     # (until, costs), ascending: the host tier's call costs of an engine built before `until`
-    earlier_host_calls: tuple[tuple[str, HostCallCosts], ...] = ()
+    earlier_host_calls: tuple[tuple[datetime, HostCallCosts], ...] = ()
 
-    def as_of(self, when: str) -> Profile:
-        """This profile for an engine as it was at `when` (UTC, as results stamp `created`): the host tier's
-        call costs of the first `earlier` entry it precedes, else today's."""
+    def as_of(self, when: datetime) -> Profile:
+        """This profile for an engine as it was at `when`: the host tier's call costs of the first `earlier`
+        entry it precedes, else today's."""
         for until, calls in self.earlier_host_calls:
             if when < until:
                 return replace(self, host_calls=calls)
@@ -244,6 +245,19 @@ def _num(obj: dict, key: str, where: str, required: bool = True) -> float | None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
         raise ProfileError(f"{where}.{key}: expected a non-negative number, got {value!r}")
     return float(value)
+
+
+def utc_time(text: object, where: str) -> datetime:
+    """An ISO 8601 time as results stamp `created` (2026-12-05T04:24:40+00:00); without an offset, UTC."""
+    try:
+        when = datetime.fromisoformat(text) if isinstance(text, str) else None
+    except ValueError:
+        when = None
+    if when is None:
+        raise ProfileError(
+            f"{where}: expected an ISO 8601 time such as 2026-12-05T04:24:40+00:00, got {text!r}"
+        )
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
 def _host_calls(doc: dict, where: str) -> HostCallCosts:
@@ -319,15 +333,21 @@ def load_profile(name_or_path: str | None = None) -> Profile:
     host_calls = _host_calls(host_doc, f"{where}.host")
     earlier = host_doc.get("earlier") or []
     if not isinstance(earlier, list) or not all(
-        isinstance(e, dict) and isinstance(e.get("until"), str) and not set(e) - {"until", *call_costs}
-        for e in earlier
+        isinstance(e, dict) and "until" in e and not set(e) - {"until", *call_costs} for e in earlier
     ):
         raise ProfileError(
             f"{where}.host.earlier: expected a list of objects with an `until` time and call costs "
             f"({', '.join(call_costs)})"
         )
+    at = [f"{where}.host.earlier[{i}]" for i in range(len(earlier))]
     earlier_host_calls = tuple(
-        sorted((e["until"], _host_calls(e, f"{where}.host.earlier[{i}]")) for i, e in enumerate(earlier))
+        sorted(
+            (
+                (utc_time(e["until"], f"{w}.until"), _host_calls(e, w))
+                for e, w in zip(earlier, at, strict=True)
+            ),
+            key=lambda entry: entry[0],
+        )
     )
     events_doc = doc.get("events") or {}
     if not isinstance(events_doc, dict):

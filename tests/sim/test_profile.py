@@ -7,7 +7,7 @@ from flashstate.cache.cost import PrefillCost
 from flashstate.cli import main
 from flashstate.sim.command import engine_config, make_engines
 from flashstate.sim.events import EventLoop
-from flashstate.sim.profile import DEFAULT_PROFILE, ProfileError, load_profile
+from flashstate.sim.profile import DEFAULT_PROFILE, ProfileError, load_profile, utc_time
 
 
 def test_shipped_profile_loads_with_its_provenance():
@@ -115,8 +115,8 @@ def test_a_replay_prices_the_host_tiers_calls_as_the_engine_of_its_time(tmp_path
     costlier calls, and `--engine-as-of` (which a recorded run's replay passes) picks them."""
     tune = load_profile("h200-qwen3-next-2b-tune")
     (until, then), *_ = tune.earlier_host_calls
-    assert tune.as_of("2026-12-04T15:55:37+00:00").host_calls == then
-    assert tune.as_of("2026-12-05T02:14:03+00:00").host_calls == tune.host_calls
+    assert tune.as_of(utc_time("2026-12-04T15:55:37+00:00", "t")).host_calls == then
+    assert tune.as_of(utc_time("2026-12-05T02:14:03", "t")).host_calls == tune.host_calls  # no offset: UTC
     assert then.restore_s_per_token > tune.host_calls.restore_s_per_token
     with pytest.raises(ProfileError, match="host.earlier"):
         load_profile(_write(tmp_path, _doc(host={"earlier": [{"until": "2026-12-04", "lookup": 1}]})))
@@ -140,7 +140,14 @@ def test_a_replay_prices_the_host_tiers_calls_as_the_engine_of_its_time(tmp_path
         seconds[when] = sim["cache_stats"][0]["host_engine_s_by_call"]
         assert (
             sim["host_calls"]["restore_s_per_token"]
-            == (then if when < until else tune.host_calls).restore_s_per_token
+            == (then if utc_time(when, "t") < until else tune.host_calls).restore_s_per_token
         )
     assert seconds["2026-12-04T00:00"]["write_back"] > seconds["2026-12-05T00:00"]["write_back"] > 0
     capsys.readouterr()
+    # a time that is none is refused, naming the flag, not compared as text
+    assert main(["simulate", "--engine-as-of", "yesterday", "--out", str(tmp_path / "bad")]) == 2
+    assert "--engine-as-of" in capsys.readouterr().err
+    with pytest.raises(ProfileError, match=r"earlier\[0\]\.until"):
+        load_profile(
+            _write(tmp_path, _doc(host={"earlier": [{"until": "soon", "lookup_s_per_token": 1e-8}]}))
+        )
