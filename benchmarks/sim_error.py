@@ -1,8 +1,11 @@
-"""The simulator's error on recorded runs, and how far each simulated figure moves with a few percent of step
-cost: every result-<label>.json(.gz) in each RUN directory is replayed on the profile with its own workload,
-trace half, engine flags and policy (flashstate/sim/recorded.py), once per --step-cost-scale. A card run
-whose figure lies outside the simulator's error bound but inside that spread sits where the figure is not
-stable (a cliff, or a tail set by a few requests), not where the model misses a cost.
+"""The simulator's error on recorded runs, and how far each simulated figure moves with the steps' noise and a
+few percent of step cost: every result-<label>.json(.gz) in each RUN directory is replayed on the profile
+with its own workload, trace half, engine flags and policy (flashstate/sim/recorded.py), once per
+--step-noise-seed (where the profile has noise: each step's time drawn around its price) and per
+--step-cost-scale. The prediction is the median over the seeds at the profile's step costs; the spread spans
+every replay. A card run whose figure lies outside the simulator's error bound but inside that spread sits
+where the figure is not stable (a cliff, or a tail set by a few requests), not where the model misses a
+cost.
 
     PYTHONPATH=. python benchmarks/sim_error.py benchmarks/results/card-2026-12-04/validate-1.0-vllm \\
         --profile h200-qwen3-next-2b-tune --traces /path/to/traces/claude-code --out bench-results/sim-error
@@ -21,12 +24,16 @@ from pathlib import Path
 
 from flashstate.bench.report import read_result, result_files
 from flashstate.cli import main as flashstate
-from flashstate.sim.recorded import METRICS, error, simulate_argv
+from flashstate.sim.profile import NO_STEP_NOISE, load_profile
+from flashstate.sim.recorded import METRICS, error, median_summary, simulate_argv
 
 
-def simulate(result: dict, profile: str, traces: str, scale: float, out: Path) -> dict:
-    """The simulated summary of the recorded `result` at step costs × `scale`."""
-    argv = [*simulate_argv(result, profile, traces), "--step-cost-scale", str(scale), "--out", str(out)]
+def simulate(result: dict, profile: str, traces: str, scale: float, seed: int, out: Path) -> dict:
+    """The simulated summary of the recorded `result` at step costs × `scale` and noise seed `seed`."""
+    argv = [
+        *simulate_argv(result, profile, traces), "--step-cost-scale", str(scale),
+        "--step-noise-seed", str(seed), "--out", str(out),
+    ]  # fmt: skip
     with contextlib.redirect_stdout(io.StringIO()):
         if flashstate(argv) != 0:
             raise SystemExit(f"sim_error: simulate failed for {result['label']} ({' '.join(argv)})")
@@ -52,11 +59,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("runs", nargs="+", help="directories of recorded bench results")
     ap.add_argument("--profile", required=True, help="simulator profile: a shipped name or a JSON file")
     ap.add_argument("--traces", required=True, help="the trace set the runs replayed")
-    ap.add_argument("--scales", type=float, nargs="+", default=[0.97, 0.99, 1.0, 1.01, 1.03])
+    ap.add_argument("--scales", type=float, nargs="+", default=[1.0], help="step-cost scales (default 1)")
+    ap.add_argument(
+        "--noise-seeds",
+        type=int,
+        default=7,
+        help="replays at noise seeds 0..N-1 (one where the profile has no noise); default 7",
+    )
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     if 1.0 not in args.scales:
         ap.error("--scales must include 1 (the profile as it is: the error is read there)")
+    if args.noise_seeds < 1:
+        ap.error("--noise-seeds: at least 1")
+    noisy = load_profile(args.profile).noise != NO_STEP_NOISE
+    seeds = list(range(args.noise_seeds if noisy else 1))
     out = Path(args.out)
     rows = []
     for run in map(Path, args.runs):
@@ -68,26 +85,27 @@ def main(argv: list[str] | None = None) -> int:
             label = measured["label"]
             simulated = {}
             for scale in args.scales:
-                print(f"== {run.name} {label} x{scale:g}", file=sys.stderr)
-                simulated[scale] = simulate(
-                    measured, args.profile, args.traces, scale, out / run.name / f"x{scale:g}"
-                )
+                for seed in seeds:
+                    print(f"== {run.name} {label} x{scale:g} seed {seed}", file=sys.stderr)
+                    where = out / run.name / f"x{scale:g}-seed{seed}"
+                    simulated[scale, seed] = simulate(measured, args.profile, args.traces, scale, seed, where)
             card = {name: pick(measured["summary"]) for name, pick in METRICS.items()}
-            sims = {name: [pick(s) for s in simulated.values()] for name, pick in METRICS.items()}
-            errors = error(simulated[1.0], measured["summary"])
-            for name in METRICS:
-                values = [v for v in sims[name] if v is not None]
+            predicted = median_summary([simulated[1.0, seed] for seed in seeds])
+            errors = error(predicted, measured["summary"])
+            for name, pick in METRICS.items():
+                values = [v for s in simulated.values() if (v := pick(s)) is not None]
                 span = (min(values), max(values)) if values else None
                 inside = None if span is None or card[name] is None else span[0] <= card[name] <= span[1]
                 rows.append({
                     "run": str(run), "label": label, "metric": name, "card": card[name],
-                    "simulated": METRICS[name](simulated[1.0]), "error": errors[name], "spread": span,
+                    "simulated": pick(predicted), "error": errors[name], "spread": span,
                     "card_inside_spread": inside,
                 })  # fmt: skip
     scales = ", ".join(f"{s:g}" for s in args.scales)
     lines = [
-        f"Profile {args.profile}; error = simulated / measured − 1 at the profile's step costs; spread: the "
-        f"simulated figure at step costs × {scales}.",
+        f"Profile {args.profile}; simulated: the median over {len(seeds)} noise seed(s) at the profile's "
+        f"step costs; error = simulated / measured − 1; spread: the simulated figure over the seeds at step "
+        f"costs × {scales}.",
         "",
         "| run | label | metric | card | simulated | error | spread | card inside |",
         "|---|---|---|---:|---:|---:|---|---|",
@@ -105,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     out.mkdir(parents=True, exist_ok=True)
     (out / "errors.json").write_text(
-        json.dumps({"profile": args.profile, "scales": args.scales, "rows": rows}, indent=1)
+        json.dumps({"profile": args.profile, "scales": args.scales, "seeds": seeds, "rows": rows}, indent=1)
     )
     (out / "errors.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

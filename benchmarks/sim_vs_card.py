@@ -206,6 +206,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("run", help="a directory of one recorded bench result and its step trace")
     ap.add_argument("--profile", required=True, help="simulator profile: a shipped name or a JSON file")
     ap.add_argument("--traces", required=True, help="the trace set the run replayed")
+    ap.add_argument(
+        "--card-send-times",
+        action="store_true",
+        help="send each simulated turn when the card sent it (`simulate --send-times`): the engine's model "
+        "against the card's arrivals",
+    )
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     run, out = Path(args.run), Path(args.out)
@@ -217,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     if card_trace is None:
         ap.error(f"{run}: no steps-{card['label']}.jsonl(.gz): the run kept no step trace")
     argv_sim = [*simulate_argv(card, args.profile, args.traces), "--step-trace", "--out", str(out)]
+    if args.card_send_times:
+        argv_sim += ["--send-times", str(files[0])]
     with contextlib.redirect_stdout(io.StringIO()):
         if flashstate(argv_sim) != 0:
             raise SystemExit(f"sim_vs_card: simulate failed ({' '.join(argv_sim)})")
@@ -228,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         facts(card, card_rows, card_requests) | by_turn[0], facts(sim, sim_rows, sim_requests) | by_turn[1]
     )
     text += "\n\n" + priced(load_profile(args.profile), card_rows)
-    title = f"{run.name} on {args.profile} (whole run)"
+    sends = ", the card's send times" if args.card_send_times else ""
+    title = f"{run.name} on {args.profile} (whole run{sends})"
     (out / "vs.md").write_text(f"# {title}\n\n{text}\n")
     print(f"{title}\n\n{text}")
     return 0

@@ -37,11 +37,33 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
         "cliff moves further than the simulator's error)",
     )
     sim.add_argument(
+        "--step-noise-seed",
+        type=int,
+        default=0,
+        metavar="N",
+        help="seed of the steps' noise (the profile's \"noise\": each step's time drawn around its price); "
+        "the workload's draw stays --seed's. Runs at several seeds give a figure's spread, their median the "
+        "prediction of a figure set by a few requests (a tail)",
+    )
+    sim.add_argument(
+        "--no-step-noise",
+        action="store_true",
+        help="every step at its modelled price (the profile's noise off)",
+    )
+    sim.add_argument(
         "--engine-as-of",
         default=None,
         metavar="TIME",
         help="simulate the engine as it was at TIME (UTC, as a bench result stamps `created`): the profile's "
         "host-tier call costs of then (its host.earlier); a replay of a recorded run passes the run's",
+    )
+    sim.add_argument(
+        "--send-times",
+        default=None,
+        metavar="RESULT",
+        help="send each turn when the recorded run RESULT (a bench result file) sent the same session's "
+        "turn, or when its previous turn ends where that is later, instead of after its think time: the "
+        "engine's model against the recorded arrivals, without the drift of a closed loop",
     )
     sim.add_argument(
         "--step-trace",

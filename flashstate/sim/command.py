@@ -9,7 +9,7 @@ import json
 import shlex
 import sys
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +32,15 @@ from flashstate.sim.engine import SimEngine
 from flashstate.sim.events import EventLoop
 from flashstate.sim.fit import (
     fit_chat_costs,
+    fit_noise,
     fit_request_overhead,
     fitted_profile,
     loop_share,
     read_request_lines,
     read_steps,
 )
-from flashstate.sim.profile import Profile, load_profile, utc_time
+from flashstate.sim.profile import NO_STEP_NOISE, Profile, load_profile, utc_time
+from flashstate.sim.recorded import recorded_send_times
 from flashstate.sim.replay import SimReplay
 from flashstate.spec.hf_config import spec_of
 
@@ -56,8 +58,14 @@ def engine_config(profile: Profile, serve_args: list[str], policy: str) -> Engin
 
 
 def make_engines(
-    profile: Profile, config: EngineConfig, n: int, loop: EventLoop, model: str | None = None
+    profile: Profile,
+    config: EngineConfig,
+    n: int,
+    loop: EventLoop,
+    model: str | None = None,
+    noise_seed: int = 0,
 ) -> list[SimEngine]:
+    """`n` engines on `profile`; each draws its steps' noise from its own stream of `noise_seed`."""
     spec = spec_of(model or profile.model)
     return [
         SimEngine(
@@ -74,8 +82,10 @@ def make_engines(
             engine_cost=profile.engine_cost,
             host_calls=profile.host_calls,
             events=profile.events,
+            noise=profile.noise,
+            noise_seed=f"{noise_seed}/{i}",
         )
-        for _ in range(n)
+        for i in range(n)
     ]
 
 
@@ -86,17 +96,21 @@ def simulate(
     sessions: Any,
     model: str | None = None,
     step_trace: Path | None = None,
+    send_times: dict[tuple[str, int], float] | None = None,
+    noise_seed: int = 0,
 ) -> tuple[Any, dict[str, Any]]:
     """One simulated run: (ReplayResult, facts about the simulation for the result's `server`); with
-    `step_trace`, the first engine's step rows and request lines written there (gzipped JSON lines)."""
+    `step_trace`, the first engine's step rows and request lines written there (gzipped JSON lines); with
+    `send_times` ((session, turn) -> seconds), each turn sent when a recorded run sent it (SimReplay);
+    `noise_seed` seeds the steps' noise where the profile has some."""
     loop = EventLoop()
-    engines = make_engines(profile, config, replay.num_gpus, loop, model)
+    engines = make_engines(profile, config, replay.num_gpus, loop, model, noise_seed)
     if replay.max_context is None:
         replay = replace(replay, max_context=engines[0].max_model_len)
     source = SessionSource(sessions, replay.seed, replay.max_sessions)
     t0 = time.process_time()
     overhead = profile.request_overhead_for(replay.mode)
-    run = SimReplay(replay, engines, loop, source, overhead, profile.chat).run()
+    run = SimReplay(replay, engines, loop, source, overhead, profile.chat, send_times).run()
     run.model = model or profile.model
     rows = [dict(zip(STEP_FIELDS, r, strict=True)) for r in engines[0].step_rows]
     if step_trace is not None:
@@ -108,6 +122,7 @@ def simulate(
         "engine_steps": sum(e.steps for e in engines),
         "engine_busy_s": sum(e.busy_seconds for e in engines),
         "steps": summarize(rows, engines[0].request_rows),
+        "noise_seed": noise_seed,
         "cpu_s": time.process_time() - t0,
         "cache_stats": [_stats(e) for e in engines],
     }
@@ -150,6 +165,8 @@ def _run(args: argparse.Namespace) -> int:
         profile = profile.as_of(utc_time(args.engine_as_of, "--engine-as-of"))
     if args.step_cost_scale != 1.0:
         profile = profile.with_step_costs_scaled(args.step_cost_scale)
+    if args.no_step_noise:
+        profile = replace(profile, noise=NO_STEP_NOISE)
     variants = parse_variants(args.policies, args.variant or [])
     names = [v.name for v in variants]
     reference = args.reference or ("vllm" if "vllm" in names else names[-1])
@@ -161,6 +178,7 @@ def _run(args: argparse.Namespace) -> int:
     serve_args = shlex.split(args.serve_args)
     # every bad flag before any run
     configs = {v.name: engine_config(profile, [*serve_args, *v.serve_args], v.policy) for v in variants}
+    send_times = recorded_send_times(read_result(Path(args.send_times))) if args.send_times else None
     results = {}
     out = Path(out_dir_from_args(args))
     if args.step_trace:
@@ -168,7 +186,9 @@ def _run(args: argparse.Namespace) -> int:
     for v in variants:
         print(f"== {v.name}: simulating on {profile.name}", file=sys.stderr)
         trace = out / f"steps-{v.name}.jsonl.gz" if args.step_trace else None
-        run, facts = simulate(profile, configs[v.name], replay, workload(), args.model, trace)
+        run, facts = simulate(
+            profile, configs[v.name], replay, workload(), args.model, trace, send_times, args.step_noise_seed
+        )
         server = {
             "command": ["flashstate", "simulate", *sys.argv[2:]] if sys.argv[1:2] == ["simulate"] else None,
             "cache_policy": v.policy,
@@ -214,11 +234,14 @@ def run_fit_profile(args: argparse.Namespace) -> int:
         name, sources, rows = args.name or out.stem, [t.name for t in traces], [r for rs in steps for r in rs]
         doc = fitted_profile(base, rows, name, sources, overhead, args.keep_steps)
         out.write_text(json.dumps(doc, indent=1) + "\n")
+        written = load_profile(str(out))
+        # the steps' spread around the step model just written (a kept model keeps its noise)
+        doc["noise"] = asdict(base.noise) if args.keep_steps else fit_noise(written, rows)
         if mode == "chat":  # what a chat prompt costs beyond its tokens, against the step model just written
             runs = list(zip(steps, server, strict=True))
-            doc["chat"] = fit_chat_costs(load_profile(str(out)), runs, client)
+            doc["chat"] = fit_chat_costs(written, runs, client)
             doc["provenance"] += "; chat costs from the same runs"
-            out.write_text(json.dumps(doc, indent=1) + "\n")
+        out.write_text(json.dumps(doc, indent=1) + "\n")
         load_profile(str(out))  # what was written loads
     except (ValueError, OSError) as e:
         print(f"flashstate fit-profile: error: {e}", file=sys.stderr)

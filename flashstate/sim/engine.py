@@ -4,7 +4,8 @@ One step, as in engine/llm_engine.py, with the model run replaced by its modelle
 
     batch = scheduler.schedule()             at time t (admission stamps the cache with t)
     seconds = profile: Σ C(p + n) − C(p) over prefill chunks (+ step_s if any, graphed_step_s instead
-              for a step a MixedGraphs bucket takes under --mixed-step-graphs) + decode(B, Σ context)
+              for a step a MixedGraphs bucket takes under --mixed-step-graphs) + decode(B, Σ context),
+              times the profile's noise factor for its kind of step (drawn from the engine's own stream)
     finish_step(batch)                       at t + seconds: exports committed, lengths advanced,
                                              a token appended where the chunk reaches the end
 
@@ -40,9 +41,11 @@ from flashstate.sim.host import SimHostTier
 from flashstate.sim.profile import (
     MEASURED_2B_HOST_CALLS,
     NO_STEP_EVENTS,
+    NO_STEP_NOISE,
     DecodeModel,
     HostCallCosts,
     StepEvents,
+    StepNoise,
 )
 from flashstate.spec.model_spec import DTYPES, ModelSpec
 
@@ -108,9 +111,12 @@ class SimEngine:
         engine_cost: PrefillCost | None = None,  # the engine's cost model where it is not `prefill`
         host_calls: HostCallCosts = MEASURED_2B_HOST_CALLS,  # the engine thread in the host tier's calls
         events: StepEvents = NO_STEP_EVENTS,  # the engine thread per request a step admits or finishes
+        noise: StepNoise = NO_STEP_NOISE,  # steps' spread around their price
+        noise_seed: str = "0",
     ):
         self.config = config
         self.events = events
+        self.noise, self._noise_rng = noise, random.Random(noise_seed)
         self.charge_host_calls = charge_host_calls  # False: the profile's steps already hold them
         self.prefill, self.decode, self.prefill_step_s = prefill, decode, prefill_step_s
         # the simulated GPU graphs mixed steps as the engine would, where the profile has their cost
@@ -213,7 +219,9 @@ class SimEngine:
         self._launched_ahead = self.pipelines and decode_shaped(batch) and self._next_launches_ahead(batch)
         graphed = self.buckets is not None and self.buckets.bucket(batch) is not None
         fixed = self.graphed_step_s if graphed else self.prefill_step_s
-        seconds = step_seconds(batch, self.prefill, self.decode, fixed) + self._outside_seconds()
+        seconds = step_seconds(batch, self.prefill, self.decode, fixed)
+        seconds *= self.noise.factor(self._noise_rng, decode_shaped(batch))
+        seconds += self._outside_seconds()
         if self.events != NO_STEP_EVENTS:  # the shipped profiles price none: no count per step
             seconds += self.events(*self._events(batch))
         self.steps += 1
@@ -284,7 +292,7 @@ class SimEngine:
             context += seq.num_computed_tokens + 1
         b, k, seconds = len(running), 0, 0.0
         while k < left - 1:
-            step = self.decode(b, context + k * b)
+            step = self.decode(b, context + k * b) * self.noise.factor(self._noise_rng, True)
             if seconds + step >= max_seconds:
                 break
             seconds += step

@@ -20,6 +20,11 @@ gives each step the engine thread's time inside the tier's calls since the step 
 the look-ups of that gap included), which is taken out, since the simulator charges those calls one by one
 at their measured rates (sim/host.py) and a policy without a tier makes none.
 
+How far the steps stray from the fitted price (profile "noise", fit_noise): the spread of log(measured /
+modelled) over the steps with prefill, and over pure-decode steps taken two at a time (a decode step's span
+shares time with its neighbour's under async scheduling: one running long leaves the next short, their
+residuals correlate −0.3 on the H200 runs), scaled back to one step.
+
 A request's overhead outside the engine (profile "request") is fitted from the same runs' bench results:
 each client record is paired with the server's request line of the same prompt and cached length (pairs
 unique on both sides), and the client's TTFT less the server's (arrival to first token) is fitted as
@@ -347,6 +352,32 @@ def fit_chat_costs(profile: Profile, traces: list[tuple[Rows, Rows]], client: Ro
         "text_share": float(share),
         "engine_per_token_s": float(engine),
     }
+
+
+def fit_noise(profile: Profile, rows: Rows) -> dict[str, float]:
+    """The profile's "noise" section from traced steps (in trace order) priced by `profile`: prefill_sd, the
+    standard deviation of log(measured / modelled) over steps with prefill; decode_sd, that of adjacent
+    pure-decode steps' summed times, × √2 (the spread of one step whose pair has the pairs' spread)."""
+
+    def log_ratio(picked: Rows) -> float | None:
+        measured, modelled = sum(map(_own_seconds, picked)), sum(_modelled(profile, r) for r in picked)
+        return float(np.log(measured / modelled)) if measured > 0 and modelled > 0 else None
+
+    def decoding(r: dict[str, Any]) -> bool:
+        return not r["prefill_tokens"] and bool(r["decode_seqs"])
+
+    prefill = [x for r in rows if r["prefill_tokens"] and (x := log_ratio([r])) is not None]
+    pairs, i = [], 0
+    while i + 1 < len(rows):
+        if decoding(rows[i]) and decoding(rows[i + 1]):
+            if (x := log_ratio(rows[i : i + 2])) is not None:
+                pairs.append(x)
+            i += 2
+        else:
+            i += 1
+    if len(prefill) < 2 or len(pairs) < 2:
+        raise ValueError(f"noise: too few steps ({len(prefill)} with prefill, {len(pairs)} decode pairs)")
+    return {"prefill_sd": float(np.std(prefill)), "decode_sd": float(np.std(pairs) * np.sqrt(2))}
 
 
 def _modelled(profile: Profile, r: dict[str, Any]) -> float:

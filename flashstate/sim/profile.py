@@ -39,17 +39,23 @@
      "events": {"admit_s", "finish_s"}   (optional, 0) the engine thread's time per request a step admits
                 (its cache hit matched, blocks and slot taken, checkpoints planned) and per request a step
                 finishes (its checkpoints committed, its blocks released, its output closed),
+     "noise": {"prefill_sd", "decode_sd"}   (optional, 0) how far a measured step's time strays from the
+                model's price: the standard deviation of log(measured / modelled) over steps with prefill
+                and over pure-decode steps (StepNoise); the simulator draws each step's time around its
+                price with that spread, since a queue's tail grows with the variance of its service times,
      "provenance": where the numbers come from}
 
 A step of the engine takes the prefill time of its chunks (a chunk of n tokens resuming at depth p costs
 C(p + n) − C(p)), plus step_s (graphed_step_s for a graphed one) when it prefills anything, plus, when it
-decodes, the decode step time of its decoding sequences, plus its events' costs.
+decodes, the decode step time of its decoding sequences, plus its events' costs; with noise, that price
+times a log-normal factor of mean 1.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import random
 from dataclasses import asdict, dataclass, fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -142,6 +148,24 @@ NO_STEP_EVENTS = StepEvents()
 
 
 @dataclass(frozen=True, slots=True)
+class StepNoise:
+    """How far a step's time strays from its modelled price (the profile's "noise" section): each step takes
+    its price times exp(N(−sd²/2, sd)), a factor of mean 1, with the sd of its kind. A deterministic
+    simulator serves every step at its mean and so under-states the queue's tail (Kingman: the wait grows
+    with the service times' variance); fit-profile measures the spread on the card's steps."""
+
+    prefill_sd: float = 0.0  # steps with prefill tokens
+    decode_sd: float = 0.0  # pure-decode steps
+
+    def factor(self, rng: random.Random, decode: bool) -> float:
+        sd = self.decode_sd if decode else self.prefill_sd
+        return math.exp(rng.gauss(-sd * sd / 2, sd)) if sd > 0 else 1.0
+
+
+NO_STEP_NOISE = StepNoise()
+
+
+@dataclass(frozen=True, slots=True)
 class Profile:
     name: str
     device: str
@@ -163,6 +187,7 @@ class Profile:
     chat: ChatCosts = ChatCosts()
     host_calls: HostCallCosts = MEASURED_2B_HOST_CALLS
     events: StepEvents = NO_STEP_EVENTS
+    noise: StepNoise = NO_STEP_NOISE
     # the engine's own cost model (its calibration), where it is not `prefill`: a profile whose step times
     # are scaled keeps the measured one, so only time moves
     engine_cost: PrefillCost | None = None
@@ -232,6 +257,7 @@ class Profile:
             "host_calls_in_steps": self.host_calls_in_steps,
             "host_calls": asdict(self.host_calls),
             "events": asdict(self.events),
+            "noise": asdict(self.noise),
             "step_cost_scale": self.step_cost_scale,
             "chat": asdict(self.chat),
             "provenance": self.provenance,
@@ -357,6 +383,14 @@ def load_profile(name_or_path: str | None = None) -> Profile:
         known = ", ".join(event_costs)
         raise ProfileError(f"{where}.events: unknown field(s) {', '.join(unknown)} (known: {known})")
     events = StepEvents(*(_num(events_doc, k, f"{where}.events", False) or 0.0 for k in event_costs))
+    noise_doc = doc.get("noise") or {}
+    if not isinstance(noise_doc, dict):
+        raise ProfileError(f"{where}.noise: expected an object")
+    spreads = [f.name for f in fields(StepNoise)]
+    if unknown := sorted(set(noise_doc) - set(spreads)):
+        known = ", ".join(spreads)
+        raise ProfileError(f"{where}.noise: unknown field(s) {', '.join(unknown)} (known: {known})")
+    noise = StepNoise(*(_num(noise_doc, k, f"{where}.noise", False) or 0.0 for k in spreads))
     return Profile(
         name=str(doc.get("name") or path.stem),
         device=str(doc.get("device", "")),
@@ -379,6 +413,7 @@ def load_profile(name_or_path: str | None = None) -> Profile:
         host_calls=host_calls,
         earlier_host_calls=earlier_host_calls,
         events=events,
+        noise=noise,
         chat_request_overhead=None if chat[0] is None else RequestOverhead(*chat),
         chat=ChatCosts(int(header), per_message, share, engine),
     )

@@ -4,14 +4,19 @@ workload, trace half, scale and engine flags on a profile, and the simulator's e
     simulate_argv(result, profile, traces)  `simulate` arguments for the run's policy under its own label
     engine_cost(result)                     the prefill cost C(n) the run's engine priced its cache with
     error(simulated, measured)              metric -> simulated / measured − 1 (hit rate: the difference)
+    median_summary(summaries)               each metric's median over simulated runs (noise seeds)
+    recorded_send_times(result)             (session, turn) -> when the run sent it (`simulate --send-times`)
 """
 
 from __future__ import annotations
 
 import re
 import shlex
+import statistics
 from pathlib import Path
 from typing import Any
+
+from flashstate.sim.replay import session_key
 
 # the serve flags of a recorded command that shape the engine (the rest: where it ran, what it logged), with
 # their values, and its on/off switches
@@ -84,6 +89,21 @@ def simulate_argv(result: dict[str, Any], profile: str, traces: str | Path) -> l
     ]  # fmt: skip
 
 
+def median_summary(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """A summary holding, for each of METRICS, its median over `summaries` (the runs at several noise seeds:
+    the prediction of a figure that a few requests set); a metric no run has stays None."""
+    mid = {}
+    for name, pick in METRICS.items():
+        values = [v for s in summaries if (v := pick(s)) is not None]
+        mid[name] = statistics.median(values) if values else None
+    return {
+        "token_hit_rate": mid["hit rate"],
+        "uncached_tokens_per_request": {"p50": mid["uncached p50"]},
+        "ttft_s": {"p50": mid["TTFT p50"], "p90": mid["TTFT p90"]},
+        "output_tpm": mid["output TPM"],
+    }
+
+
 def error(simulated: dict[str, Any], measured: dict[str, Any]) -> dict[str, float | None]:
     """Each metric's error: simulated / measured − 1; hit rate in points (simulated − measured); None where
     either run has no value (no request answered in its window)."""
@@ -95,3 +115,12 @@ def error(simulated: dict[str, Any], measured: dict[str, Any]) -> dict[str, floa
         else:
             out[name] = got - want if name == "hit rate" else got / want - 1
     return out
+
+
+def recorded_send_times(result: dict[str, Any]) -> dict[tuple[str, int], float]:
+    """When the recorded run sent each turn, by session (without its draw numbers) and turn: the first
+    send where a session was drawn twice."""
+    times: dict[tuple[str, int], float] = {}
+    for r in result["requests"]:
+        times.setdefault((session_key(r["session"]), r["turn"]), r["t_send"])
+    return times

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from collections.abc import Callable, Generator
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -70,6 +71,12 @@ def _template_ids(text: list[int], n: int) -> list[int]:
     return [rng.randrange(256) for _ in range(n)]
 
 
+def session_key(sid: str) -> str:
+    """A session id without its draw numbers (`trace_0387#37/sub` -> `trace_0387/sub`): the same session in
+    two runs that drew it at different times."""
+    return re.sub(r"#\d+", "", sid)
+
+
 def route(sid: str, num_engines: int) -> int:
     """Session affinity: the engine of a top-level session (and its sub-agents)."""
     if num_engines == 1:
@@ -87,8 +94,11 @@ class SimReplay:
         source: SessionSource,
         overhead: Callable[[int], float] | None = None,
         chat: ChatCosts | None = None,
+        send_times: dict[tuple[str, int], float] | None = None,
     ):
         self.config = config
+        # (session, turn) -> when a recorded run sent it: sent then, or when its previous turn ends if later
+        self.send_times = send_times
         self.overhead = overhead  # prompt tokens → seconds from send to the engine (None: none)
         self.chat = chat or ChatCosts()  # chat mode's template tokens and engine-thread time
         self.engines = engines
@@ -154,6 +164,12 @@ class SimReplay:
         if self.config.max_think_s is not None:
             wait = min(wait, self.config.max_think_s)
         return max(wait, 0.0)
+
+    def _wait(self, sid: str, turn: int, think_s: float) -> float:
+        """Seconds until the turn is sent: its think time, or the recorded run's send time where one is
+        given for it."""
+        sent = None if self.send_times is None else self.send_times.get((session_key(sid), turn))
+        return self._think(think_s) if sent is None else max(0.0, sent - self.loop.now)
 
     def _stop(self) -> None:
         if self.stopped is None:
@@ -269,7 +285,7 @@ class SimReplay:
                 pending = []
                 if not all(joined):
                     return False
-            yield Sleep(self._think(req.think_time))
+            yield Sleep(self._wait(sid, k, req.think_time))
             before = context_len(context)
             context, plan = builder.next_context(context, scope, prev, req)
             frontier = None

@@ -5,7 +5,7 @@ import pytest
 
 from flashstate.bench.step_summary import STEP_FIELDS
 from flashstate.cli import main
-from flashstate.sim.fit import fit_steps, read_steps
+from flashstate.sim.fit import fit_noise, fit_steps, read_steps
 from flashstate.sim.profile import DEFAULT_PROFILE, PROFILES_DIR, ProfileError, load_profile
 
 from .helpers import growing, run
@@ -197,3 +197,27 @@ def test_a_bad_events_section_is_named(tmp_path, events, message):
     path.write_text(json.dumps(doc))
     with pytest.raises(ProfileError, match=message):
         load_profile(str(path))
+
+
+def test_the_steps_noise_comes_back(tmp_path):
+    """Steps timed by a known model with a known spread around it (the profile's "noise"): fit_noise on their
+    rows, priced by the model without the noise, gives the spread back; fit-profile writes it."""
+    doc = json.loads(Path(_profile(tmp_path)).read_text())
+    doc["noise"] = {"prefill_sd": 0.1, "decode_sd": 0.2}
+    noisy = tmp_path / "noisy.json"
+    noisy.write_text(json.dumps(doc))
+    sessions = [
+        growing(f"s{i}", turns=6, first=3000 + 500 * i, step=1500, out=80, think=0.3) for i in range(6)
+    ]
+    _, engines = run(sessions, "flashstate", ["--max-num-batched-tokens", "2048"], decode_runs=False,
+                     profile=str(noisy), agents=6)  # fmt: skip
+    rows = [dict(zip(STEP_FIELDS, r, strict=True)) for r in engines[0].step_rows]
+    noise = fit_noise(load_profile(_profile(tmp_path)), rows)
+    assert noise["prefill_sd"] == pytest.approx(0.1, rel=0.25)
+    assert noise["decode_sd"] == pytest.approx(0.2, rel=0.25)
+    # fitted with the step model: the model comes back close, and the spread around it
+    trace = tmp_path / "steps.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["fit-profile", str(trace), "--out", str(tmp_path / "fitted.json")]) == 0
+    fitted = load_profile(str(tmp_path / "fitted.json")).noise
+    assert fitted.decode_sd == pytest.approx(0.2, rel=0.25) and fitted.prefill_sd > 0

@@ -1,4 +1,6 @@
 import json
+import random
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -7,7 +9,7 @@ from flashstate.cache.cost import PrefillCost
 from flashstate.cli import main
 from flashstate.sim.command import engine_config, make_engines
 from flashstate.sim.events import EventLoop
-from flashstate.sim.profile import DEFAULT_PROFILE, ProfileError, load_profile, utc_time
+from flashstate.sim.profile import DEFAULT_PROFILE, ProfileError, StepNoise, load_profile, utc_time
 
 
 def test_shipped_profile_loads_with_its_provenance():
@@ -58,6 +60,8 @@ def test_user_profile_fits_prefill_from_points(tmp_path):
         ({"decode": {"base_s": -1, "per_seq_s": 0, "per_token_s": 0}}, "base_s"),
         ({"engine_args": "--max-num-seqs 4"}, "engine_args"),
         ({"prefill": {"a": 1e-6, "b": 1e-11, "graphed_step_s": -1}}, "graphed_step_s"),
+        ({"noise": {"prefill_sd": -0.1}}, r"noise\.prefill_sd"),
+        ({"noise": {"sd": 0.1}}, r"noise: unknown field\(s\) sd"),
     ],
 )
 def test_bad_profile_names_the_field(tmp_path, change, field):
@@ -151,3 +155,38 @@ def test_a_replay_prices_the_host_tiers_calls_as_the_engine_of_its_time(tmp_path
         load_profile(
             _write(tmp_path, _doc(host={"earlier": [{"until": "soon", "lookup_s_per_token": 1e-8}]}))
         )
+
+
+def test_steps_stray_around_their_price_by_the_seed_of_the_noise(tmp_path, capsys):
+    """A profile with noise draws each step's time around its price (a factor of mean 1): the same seed gives
+    the same run, another seed another run, and --no-step-noise the run at the price."""
+    noise = StepNoise(prefill_sd=0.15, decode_sd=0.25)
+    rng = random.Random(1)
+    factors = [noise.factor(rng, decode) for decode in (True, False) for _ in range(20_000)]
+    assert sum(factors) / len(factors) == pytest.approx(1.0, abs=0.01) and min(factors) > 0
+    assert StepNoise().factor(rng, True) == 1.0
+
+    path = _write(tmp_path, _doc(engine_args=[], noise={"prefill_sd": 0.15, "decode_sd": 0.25}))
+    assert load_profile(path).noise == noise
+    busy = {}
+    for name, flags in {"a": ["--step-noise-seed", "1"], "b": ["--step-noise-seed", "1"],
+                        "c": ["--step-noise-seed", "2"], "off": ["--no-step-noise"]}.items():  # fmt: skip
+        out = tmp_path / name
+        argv = ["simulate", "--profile", path, "--policies", "vllm", "--agents", "2", "--duration", "200"]
+        assert main([*argv, "--seed", "1", *flags, "--out", str(out)]) == 0
+        result = json.loads((out / "result-vllm.json").read_text())
+        busy[name] = result["server"]["simulated"]["engine_busy_s"]
+        assert result["server"]["simulated"]["noise"] == (
+            {"prefill_sd": 0.0, "decode_sd": 0.0} if name == "off" else asdict(noise)
+        )
+    assert busy["a"] == busy["b"] != busy["c"]
+    steady = tmp_path / "steady.json"
+    steady.write_text(json.dumps(_doc(engine_args=[])))
+    out = tmp_path / "steady"
+    argv = ["simulate", "--profile", str(steady), "--policies", "vllm", "--agents", "2", "--duration", "200"]
+    assert main([*argv, "--seed", "1", "--out", str(out)]) == 0
+    assert (
+        json.loads((out / "result-vllm.json").read_text())["server"]["simulated"]["engine_busy_s"]
+        == busy["off"]
+    )
+    capsys.readouterr()

@@ -1,13 +1,16 @@
 """sim/recorded.py: a recorded run's `simulate` arguments carry the engine flags and switches its server
-command had, and turn off what became a default after the run."""
+command had, and turn off what became a default after the run; a replay sends its turns at the run's times."""
 
+import json
 import shlex
 
 import pytest
 
+from flashstate.cli import main
 from flashstate.sim.command import engine_config
 from flashstate.sim.profile import load_profile
 from flashstate.sim.recorded import engine_cost, simulate_argv
+from flashstate.sim.replay import session_key
 
 REPLAY = {
     "seed": 0, "agents": 48, "warmup_s": 15.0, "duration_s": 60.0, "drain_s": 10.0, "length_scale": 0.25,
@@ -82,3 +85,27 @@ def test_the_replay_prices_the_cache_with_the_engine_s_calibration():
     given = profile.engine_args[profile.engine_args.index("--prefill-cost-coefficients") + 1 :][:2]
     config = _config(simulate_argv(_result("2026-12-04T20:18:57+00:00"), "h200-qwen3-next-2b-tune", "T"))
     assert config.prefill_cost_coefficients == tuple(float(x) for x in given)
+
+
+def test_a_replay_can_send_each_turn_when_the_recorded_run_did(tmp_path):
+    """`simulate --send-times RESULT`: each turn is sent when RESULT sent the same session's turn, or when its
+    previous turn ends where that is later; the closed loop's think times give way to the record's."""
+    argv = ["simulate", "--policies", "vllm", "--agents", "3", "--duration", "120", "--seed", "1"]
+    assert main([*argv, "--out", str(tmp_path / "first")]) == 0
+    recorded = json.loads((tmp_path / "first" / "result-vllm.json").read_text())
+    later = [r for r in recorded["requests"] if r["turn"] > 0]
+    moved = later[len(later) // 2]
+    moved["t_send"] += 1.0  # this turn sent a second later than the first replay sent it
+    (tmp_path / "record.json").write_text(json.dumps(recorded))
+
+    assert main([*argv, "--send-times", str(tmp_path / "record.json"), "--out", str(tmp_path / "again")]) == 0
+    again = json.loads((tmp_path / "again" / "result-vllm.json").read_text())
+    sent = {(session_key(r["session"]), r["turn"]): r["t_send"] for r in recorded["requests"]}
+    key = (session_key(moved["session"]), moved["turn"])
+    for r in again["requests"]:
+        k = (session_key(r["session"]), r["turn"])
+        if k in sent:
+            assert r["t_send"] >= sent[k] - 1e-9, k
+    assert {(session_key(r["session"]), r["turn"]): r["t_send"] for r in again["requests"]}[key] == (
+        pytest.approx(moved["t_send"])
+    )
