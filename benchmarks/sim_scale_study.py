@@ -15,7 +15,9 @@ agents hold at once when each sits at its typical peak. Budget = fraction × W(N
 --kv-cache-memory-bytes (it also holds the engine's max_num_seqs working states, as on the GPU).
 
 Each run: N lanes, lanes started over `--ramp` s, `--warmup` s of warm-up, then `--duration` s measured
-(simulated); sessions are redrawn when one ends (a repeated session gets fresh content). Traces come from
+(simulated); sessions are redrawn when one ends (a repeated session gets fresh content). On a profile with
+step noise, `--noise-seeds K` runs each point at noise seeds 0..K-1 and reports each figure's median (the
+seeds' range in the row's `spread`). Traces come from
 FLASHSTATE_TRACES (default /work/shared/traces/claude-code) and are never copied.
 """
 
@@ -26,6 +28,7 @@ import json
 import os
 import platform
 import shlex
+import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -85,7 +88,7 @@ def one_run(job: dict[str, Any]) -> dict[str, Any]:
         **{k: scale[k] for k in SCALE_KEYS},
     )
     t0 = time.process_time()
-    run, facts = simulate(profile, config, replay, sessions)
+    run, facts = simulate(profile, config, replay, sessions, noise_seed=job.get("noise_seed", 0))
     info = {"kind": "agentx", "source": traces, "sessions": len(sessions), "split": job.get("split"),
             "seed": job["seed"]}  # fmt: skip
     result = build_result(
@@ -109,6 +112,30 @@ def one_run(job: dict[str, Any]) -> dict[str, Any]:
         "cpu_s": time.process_time() - t0,
         **turn_split(result),
     }
+
+
+# the figures a point reports as the median over its noise seeds
+MEDIAN_KEYS = (
+    "hit_rate",
+    "ttft_p50",
+    "ttft_p90",
+    "output_tpm",
+    "uncached_p50",
+    "completed_agents",
+    "requests",
+)
+
+
+def median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One point from its runs at several noise seeds: the first run's row with each of MEDIAN_KEYS the
+    median over the runs (None where no run has it), its range in `spread`, the runs' CPU seconds summed."""
+    row = dict(runs[0]) | {"noise_seeds": [r.get("noise_seed", 0) for r in runs], "spread": {}}
+    for key in MEDIAN_KEYS:
+        values = [r[key] for r in runs if r.get(key) is not None]
+        row[key] = statistics.median(values) if values else None
+        row["spread"][key] = [min(values), max(values)] if values else None
+    row["cpu_s"] = sum(r["cpu_s"] for r in runs)
+    return row
 
 
 def turn_split(result: dict[str, Any]) -> dict[str, Any]:
@@ -238,6 +265,12 @@ def main() -> int:
     p.add_argument("--duration", type=float, default=7200.0, help="simulated seconds measured")
     p.add_argument("--ramp", type=float, default=600.0, help="lane start stagger (simulated s)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--noise-seeds",
+        type=int,
+        default=1,
+        help="noise seeds per point (a profile with step noise): medians",
+    )
     p.add_argument("--jobs", type=int, default=2, help="runs in parallel (processes)")
     p.add_argument(
         "--agents-per-gpu", type=int, default=0, help="engines = ceil(agents / this); 0: one engine"
@@ -304,8 +337,12 @@ def main() -> int:
                         "scale": scale,
                         "split": args.trace_split,
                         "gpus": -(-n // args.agents_per_gpu) if args.agents_per_gpu else 1,
+                        "noise_seed": 0,
                     }
                 )
+    if args.noise_seeds < 1:
+        p.error("--noise-seeds: at least 1")
+    jobs = [j | {"noise_seed": k} for j in jobs for k in range(args.noise_seeds)]  # a point's seeds in a row
     jobs.sort(key=lambda j: -j["agents"])  # the long runs first
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
@@ -317,8 +354,13 @@ def main() -> int:
         "created": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "traces": TRACES,
     }
+    seeds: list[dict[str, Any]] = []
     with ProcessPoolExecutor(args.jobs) as pool:
-        for row in pool.map(one_run, jobs):
+        for one in pool.map(one_run, jobs):
+            seeds.append(one)
+            if len(seeds) < args.noise_seeds:
+                continue
+            row, seeds = median_row(seeds), []
             row["invocation"] = run | {"wall_s": time.time() - t0}
             rows.append(row)
             print(
@@ -326,7 +368,7 @@ def main() -> int:
                 f"p90 TTFT {row['ttft_p90']}, {row['cpu_s']:.0f} s CPU",
                 file=sys.stderr,
             )
-            merged = save(args.out, rows)  # after every run: an interrupted study keeps what finished
+            merged = save(args.out, rows)  # after every point: an interrupted study keeps what finished
     plot(merged, args.out)
     print(table(merged))
     return 0

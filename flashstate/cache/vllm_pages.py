@@ -256,10 +256,14 @@ class VllmPagePool:
         before a step; pages freed by retiring old states are not counted). The request may lag behind
         our engine (its steps are vLLM's chunks), and what a short pool kept it from taking counts here
         too. False: vLLM would preempt a running request, and so must we."""
+        return self.pages_to_grow(rid, target) <= self.num_free
+
+    def pages_to_grow(self, rid: str, target: int) -> int:
+        """The pages the request takes to reach `target` computed tokens from the blocks it holds now."""
         req = self.requests[rid]
         blocks = -(-target // self.block_size)
         states = sum(blocks > len(req.blocks[g]) for g in range(self.num_state_groups))
-        return states + max(blocks - len(req.blocks[self.attention_group]), 0) <= self.num_free
+        return states + max(blocks - len(req.blocks[self.attention_group]), 0)
 
     def end(self, rid: str, tokens: list[int]) -> None:
         """Run the remaining steps of `tokens` (prompt + every generated token; the last one is never

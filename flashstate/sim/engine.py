@@ -270,8 +270,9 @@ class SimEngine:
         """Run k > 1 pure decode steps at once when they are exactly what k `start_step`s would do: nothing
         waits, or under memory admission nothing waiting fits beside the running set (no admission attempt
         could stamp the cache), every running sequence decodes, none reaches
-        its last token, the KV blocks for all k tokens are free (no eviction, no preemption), and the k
-        steps end within `max_seconds` (before any other event), and no host restore is in flight. Returns
+        its last token, the KV blocks for all k tokens are free (no eviction, no preemption; for the vllm
+        policy, its emulated page pool's pages too), and the k steps end within `max_seconds` (before any
+        other event), and no host restore is in flight. Returns
         (k, seconds), or None."""
         sched = self.scheduler
         running = sched.running
@@ -303,6 +304,13 @@ class SimEngine:
         need = sum(max(pool.blocks_for(s.num_computed_tokens + k) - len(s.block_table), 0) for s in running)
         if need > self.cache.num_free_blocks:
             return None
+        pages = self.cache.pages  # the vllm policy's emulated pool binds too: the k steps take its pages
+        if pages is not None:
+            for s in running:  # what the next step's allocations do first: catch up on the pool's steps
+                pages.advance(s.request_id, s.token_ids, s.num_computed_tokens)
+            grow = sum(pages.pages_to_grow(s.request_id, s.num_computed_tokens + k) for s in running)
+            if grow > pages.num_free:
+                return None
         sched.run_decodes(k, lambda seq: self._requests[id(seq)].rng.randrange(self._max_token_id))
         self.busy = True
         # nothing waiting fits: the step after the run's last was launched during it

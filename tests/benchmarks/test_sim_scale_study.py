@@ -43,3 +43,24 @@ def test_plot_only_refuses_the_flags_of_a_run(tmp_path):
     )  # fmt: skip
     assert done.returncode == 2 and "--agents would change nothing" in done.stderr
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_a_point_is_the_median_of_its_noise_seeds(tmp_path, traces):
+    """`--noise-seeds K` on a profile with step noise: each point runs at K seeds and reports each figure's
+    median, with the seeds' range beside it."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg", "FLASHSTATE_TRACES": str(traces)}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/sim_scale_study.py"), "--agents", "4", "--fractions", "0.5",
+         "--policies", "vllm", "--profile", "h200-qwen3-next-2b-tune", "--noise-seeds", "3", "--warmup", "5",
+         "--duration", "30", "--ramp", "2", "--length-scale", "0.05", "--max-context", "16384",
+         "--time-scale", "0.05", "--max-think-time", "2", "--max-output-tokens", "64", "--jobs", "1",
+         "--out", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (row,) = json.loads((tmp_path / "scale.json").read_text())["rows"]
+    assert row["noise_seeds"] == [0, 1, 2]
+    for key in ("ttft_p90", "output_tpm"):
+        low, high = row["spread"][key]
+        assert low <= row[key] <= high
+    assert row["spread"]["ttft_p50"][0] < row["spread"]["ttft_p50"][1]  # the seeds ran apart

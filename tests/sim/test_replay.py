@@ -4,6 +4,7 @@ import pytest
 
 from flashstate.bench import synthetic
 from flashstate.bench.synthetic_defaults import DEFAULT as SYNTHETIC
+from flashstate.bench.workloads import load_workload
 from flashstate.sim.replay import route
 
 from .helpers import growing, run
@@ -117,3 +118,20 @@ def test_folded_decode_steps_change_nothing():
         )
         assert a.t_send == pytest.approx(b.t_send) and a.e2e == pytest.approx(b.e2e)
         assert a.ttft == pytest.approx(b.ttft)
+
+
+def test_folded_decode_steps_take_the_vllm_policys_pages_as_single_steps_would(traces):
+    """Under the vllm policy's emulated page pool a folded decode run needs that pool's pages for all its
+    tokens too: real traces at a budget where the pool binds (where a run folded on free KV blocks alone
+    ran out of pages mid-run) replay alike folded and step by step."""
+    sessions = load_workload(str(traces), "auto", None, None, None)
+    flags = ["--kv-cache-memory-bytes", "240M", "--max-num-seqs", "4"]
+    replay = {
+        "agents": 4, "warmup_s": 5.0, "duration_s": 30.0, "ramp_s": 2.0, "length_scale": 0.05,
+        "time_scale": 0.05, "max_think_s": 2.0, "max_output_tokens": 64, "max_sessions": None,
+    }  # fmt: skip
+    folded, engines = run(sessions, "vllm", flags, **replay)
+    plain, plain_engines = run(sessions, "vllm", flags, decode_runs=False, **replay)
+    assert folded.requests and engines[0].steps == plain_engines[0].steps
+    for a, b in zip(_records(folded)[0], _records(plain)[0], strict=True):
+        assert a == pytest.approx(b), (a, b)  # the same requests, sent and answered at the same times
