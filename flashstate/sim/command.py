@@ -257,6 +257,8 @@ def run_fit_profile(args: argparse.Namespace) -> int:
         + f"; request overhead {1e3 * doc['request']['overhead_s']:.1f} ms + "
         f"{1e9 * doc['request']['overhead_per_token_s']:.0f} ns/prompt token"
         + (_chat_said(doc["chat"]) if mode == "chat" else "")
+        + f"; steps' spread (log sd) {doc['noise']['prefill_sd']:.3f} with prefill, "
+        f"{doc['noise']['decode_sd']:.3f} decode"
     )
     print(f"engine loop between steps: {100 * loop_share(rows):.1f}% of the traced steps' spans")
     return 0
