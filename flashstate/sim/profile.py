@@ -292,6 +292,19 @@ def _host_calls(doc: dict, where: str) -> HostCallCosts:
     return HostCallCosts(**{k: v for k in names if (v := _num(doc, k, where, False)) is not None})
 
 
+def _section(doc: dict, key: str, cls: type, where: str) -> list[float]:
+    """An optional section of non-negative numbers named by `cls`'s fields, in their order (0 where absent);
+    ProfileError naming the section for anything else in it."""
+    section = doc.get(key) or {}
+    if not isinstance(section, dict):
+        raise ProfileError(f"{where}.{key}: expected an object")
+    names = [f.name for f in fields(cls)]
+    if unknown := sorted(set(section) - set(names)):
+        known = ", ".join(names)
+        raise ProfileError(f"{where}.{key}: unknown field(s) {', '.join(unknown)} (known: {known})")
+    return [_num(section, k, f"{where}.{key}", False) or 0.0 for k in names]
+
+
 def _prefill(doc: dict, where: str) -> PrefillCost:
     if not isinstance(doc, dict):
         raise ProfileError(f"{where}: expected an object")
@@ -342,13 +355,7 @@ def load_profile(name_or_path: str | None = None) -> Profile:
     chat = [_num(request, k, f"{where}.request", False) for k in chat_keys]
     if (chat[0] is None) != (chat[1] is None):
         raise ProfileError(f"{where}.request: chat_overhead_s and chat_overhead_per_token_s go together")
-    chat_doc = doc.get("chat") or {}
-    if not isinstance(chat_doc, dict):
-        raise ProfileError(f"{where}.chat: expected an object")
-    costs = [f.name for f in fields(ChatCosts)]
-    if unknown := sorted(set(chat_doc) - set(costs)):
-        raise ProfileError(f"{where}.chat: unknown field(s) {', '.join(unknown)} (known: {', '.join(costs)})")
-    header, per_message, share, engine = (_num(chat_doc, k, f"{where}.chat", False) or 0.0 for k in costs)
+    header, per_message, share, engine = _section(doc, "chat", ChatCosts, where)
     host_doc = doc.get("host") or {}
     if not isinstance(host_doc, dict) or not isinstance(host_doc.get("calls_in_steps", False), bool):
         raise ProfileError(f"{where}.host: expected an object with a boolean calls_in_steps")
@@ -375,22 +382,8 @@ def load_profile(name_or_path: str | None = None) -> Profile:
             key=lambda entry: entry[0],
         )
     )
-    events_doc = doc.get("events") or {}
-    if not isinstance(events_doc, dict):
-        raise ProfileError(f"{where}.events: expected an object")
-    event_costs = [f.name for f in fields(StepEvents)]
-    if unknown := sorted(set(events_doc) - set(event_costs)):
-        known = ", ".join(event_costs)
-        raise ProfileError(f"{where}.events: unknown field(s) {', '.join(unknown)} (known: {known})")
-    events = StepEvents(*(_num(events_doc, k, f"{where}.events", False) or 0.0 for k in event_costs))
-    noise_doc = doc.get("noise") or {}
-    if not isinstance(noise_doc, dict):
-        raise ProfileError(f"{where}.noise: expected an object")
-    spreads = [f.name for f in fields(StepNoise)]
-    if unknown := sorted(set(noise_doc) - set(spreads)):
-        known = ", ".join(spreads)
-        raise ProfileError(f"{where}.noise: unknown field(s) {', '.join(unknown)} (known: {known})")
-    noise = StepNoise(*(_num(noise_doc, k, f"{where}.noise", False) or 0.0 for k in spreads))
+    events = StepEvents(*_section(doc, "events", StepEvents, where))
+    noise = StepNoise(*_section(doc, "noise", StepNoise, where))
     return Profile(
         name=str(doc.get("name") or path.stem),
         device=str(doc.get("device", "")),

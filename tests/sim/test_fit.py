@@ -25,6 +25,21 @@ def _profile(tmp_path) -> str:
     return str(path)
 
 
+def _timed_by(tmp_path, key: str, section: dict, agents: int, turns: int, step: int, out: int) -> list:
+    """The engines of a simulated run (step by step) on the test model with the profile section `key`."""
+    doc = json.loads(Path(_profile(tmp_path)).read_text())
+    doc[key] = section
+    path = tmp_path / f"{key}.json"
+    path.write_text(json.dumps(doc))
+    sessions = [
+        growing(f"s{i}", turns=turns, first=3000 + 500 * i, step=step, out=out, think=0.3)
+        for i in range(agents)
+    ]
+    _, engines = run(sessions, "flashstate", ["--max-num-batched-tokens", "2048"], decode_runs=False,
+                     profile=str(path), agents=agents)  # fmt: skip
+    return engines
+
+
 def _sim_rows(tmp_path) -> list[dict]:
     sessions = [
         growing(f"s{i}", turns=4, first=3000 + 500 * i, step=2000, out=60, think=0.3) for i in range(4)
@@ -160,15 +175,7 @@ def test_the_cost_of_each_admission_and_finish_comes_back(tmp_path):
     """A step costs more for each request it admits and each it finishes. Timed so by a profile's "events",
     the simulator's step trace (its rows and request lines, as `simulate --step-trace` writes them) gives
     those costs back through `fit-profile`, with the rest of the model."""
-    doc = json.loads(Path(_profile(tmp_path)).read_text())
-    doc["events"] = {"admit_s": 0.003, "finish_s": 0.0012}
-    path = tmp_path / "events.json"
-    path.write_text(json.dumps(doc))
-    sessions = [
-        growing(f"s{i}", turns=4, first=3000 + 500 * i, step=2000, out=60, think=0.3) for i in range(4)
-    ]
-    _, engines = run(sessions, "flashstate", ["--max-num-batched-tokens", "2048"], decode_runs=False,
-                     profile=str(path), agents=4)  # fmt: skip
+    engines = _timed_by(tmp_path, "events", {"admit_s": 0.003, "finish_s": 0.0012}, 4, 4, 2000, 60)
     rows = [dict(zip(STEP_FIELDS, r, strict=True)) for r in engines[0].step_rows]
     trace = tmp_path / "steps.jsonl"
     trace.write_text("".join(json.dumps(r) + "\n" for r in [*rows, *engines[0].request_rows]))
@@ -202,15 +209,7 @@ def test_a_bad_events_section_is_named(tmp_path, events, message):
 def test_the_steps_noise_comes_back(tmp_path):
     """Steps timed by a known model with a known spread around it (the profile's "noise"): fit_noise on their
     rows, priced by the model without the noise, gives the spread back; fit-profile writes it."""
-    doc = json.loads(Path(_profile(tmp_path)).read_text())
-    doc["noise"] = {"prefill_sd": 0.1, "decode_sd": 0.2}
-    noisy = tmp_path / "noisy.json"
-    noisy.write_text(json.dumps(doc))
-    sessions = [
-        growing(f"s{i}", turns=6, first=3000 + 500 * i, step=1500, out=80, think=0.3) for i in range(6)
-    ]
-    _, engines = run(sessions, "flashstate", ["--max-num-batched-tokens", "2048"], decode_runs=False,
-                     profile=str(noisy), agents=6)  # fmt: skip
+    engines = _timed_by(tmp_path, "noise", {"prefill_sd": 0.1, "decode_sd": 0.2}, 6, 6, 1500, 80)
     rows = [dict(zip(STEP_FIELDS, r, strict=True)) for r in engines[0].step_rows]
     noise = fit_noise(load_profile(_profile(tmp_path)), rows)
     assert noise["prefill_sd"] == pytest.approx(0.1, rel=0.25)
