@@ -38,6 +38,7 @@ from flashstate.cli import main as flashstate
 from flashstate.sim.fit import loop_share, step_model_error, with_events, with_gaps
 from flashstate.sim.profile import Profile, load_profile
 from flashstate.sim.recorded import simulate_argv
+from flashstate.sim.replay import session_key
 
 SLOW_WAIT_S = 0.2
 
@@ -162,7 +163,7 @@ def matched(card: dict[str, Any], sim: dict[str, Any]) -> tuple[dict, dict]:
 
     def by_turn(result: dict[str, Any]) -> dict[tuple, dict[str, Any]]:
         return {
-            (r["session"].split("#")[0], r["turn"], r.get("depth", 0)): r
+            (session_key(r["session"]), r["turn"], r.get("depth", 0)): r
             for r in result["requests"]
             if r.get("error") is None and r.get("prompt_tokens") is not None
         }
