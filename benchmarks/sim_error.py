@@ -28,12 +28,12 @@ from flashstate.sim.profile import NO_STEP_NOISE, load_profile
 from flashstate.sim.recorded import METRICS, error, median_summary, simulate_argv
 
 
-def simulate(result: dict, profile: str, traces: str, scale: float, seed: int, out: Path) -> dict:
-    """The simulated summary of the recorded `result` at step costs × `scale` and noise seed `seed`."""
-    argv = [
-        *simulate_argv(result, profile, traces), "--step-cost-scale", str(scale),
-        "--step-noise-seed", str(seed), "--out", str(out),
-    ]  # fmt: skip
+def simulate(result: dict, profile: str, traces: str, scale: float, seed: int | None, out: Path) -> dict:
+    """The simulated summary of the recorded `result` at step costs × `scale` and noise seed `seed` (None: a
+    profile without noise)."""
+    argv = [*simulate_argv(result, profile, traces), "--step-cost-scale", str(scale), "--out", str(out)]
+    if seed is not None:
+        argv += ["--step-noise-seed", str(seed)]
     with contextlib.redirect_stdout(io.StringIO()):
         if flashstate(argv) != 0:
             raise SystemExit(f"sim_error: simulate failed for {result['label']} ({' '.join(argv)})")
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.noise_seeds < 1:
         ap.error("--noise-seeds: at least 1")
     noisy = load_profile(args.profile).noise != NO_STEP_NOISE
-    seeds = list(range(args.noise_seeds if noisy else 1))
+    seeds: list[int | None] = list(range(args.noise_seeds)) if noisy else [None]
     out = Path(args.out)
     rows = []
     for run in map(Path, args.runs):
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             for scale in args.scales:
                 for seed in seeds:
                     print(f"== {run.name} {label} x{scale:g} seed {seed}", file=sys.stderr)
-                    where = out / run.name / f"x{scale:g}-seed{seed}"
+                    where = out / run.name / (f"x{scale:g}" if seed is None else f"x{scale:g}-seed{seed}")
                     simulated[scale, seed] = simulate(measured, args.profile, args.traces, scale, seed, where)
             card = {name: pick(measured["summary"]) for name, pick in METRICS.items()}
             predicted = median_summary([simulated[1.0, seed] for seed in seeds])

@@ -42,7 +42,7 @@ from flashstate.bench.cost import Prices
 from flashstate.bench.report import build_result
 from flashstate.bench.workloads import load_workload
 from flashstate.sim.command import engine_config, simulate
-from flashstate.sim.profile import load_profile
+from flashstate.sim.profile import NO_STEP_NOISE, load_profile
 from flashstate.sim.working_set import working_set
 from flashstate.spec.hf_config import spec_of
 
@@ -342,6 +342,8 @@ def main() -> int:
                 )
     if args.noise_seeds < 1:
         p.error("--noise-seeds: at least 1")
+    if args.noise_seeds > 1 and profile.noise == NO_STEP_NOISE:
+        p.error(f"--noise-seeds: profile {profile.name} has no step noise (its runs would be alike)")
     jobs = [j | {"noise_seed": k} for j in jobs for k in range(args.noise_seeds)]  # a point's seeds in a row
     jobs.sort(key=lambda j: -j["agents"])  # the long runs first
     args.out.mkdir(parents=True, exist_ok=True)

@@ -39,11 +39,12 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
     sim.add_argument(
         "--step-noise-seed",
         type=int,
-        default=0,
+        default=None,
         metavar="N",
         help="seed of the steps' noise (the profile's \"noise\": each step's time drawn around its price); "
         "the workload's draw stays --seed's. Runs at several seeds give a figure's spread, their median the "
-        "prediction of a figure set by a few requests (a tail)",
+        "prediction of a figure set by a few requests (a tail). Refused where there is no noise to seed (a "
+        "profile without it, or --no-step-noise); default 0",
     )
     sim.add_argument(
         "--no-step-noise",

@@ -167,6 +167,12 @@ def _run(args: argparse.Namespace) -> int:
         profile = profile.with_step_costs_scaled(args.step_cost_scale)
     if args.no_step_noise:
         profile = replace(profile, noise=NO_STEP_NOISE)
+    if args.step_noise_seed is not None and profile.noise == NO_STEP_NOISE:
+        why = (
+            "--no-step-noise is given" if args.no_step_noise else f"profile {profile.name} has no step noise"
+        )
+        raise ValueError(f"--step-noise-seed: nothing to seed ({why})")
+    seed = args.step_noise_seed or 0
     variants = parse_variants(args.policies, args.variant or [])
     names = [v.name for v in variants]
     reference = args.reference or ("vllm" if "vllm" in names else names[-1])
@@ -187,7 +193,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"== {v.name}: simulating on {profile.name}", file=sys.stderr)
         trace = out / f"steps-{v.name}.jsonl.gz" if args.step_trace else None
         run, facts = simulate(
-            profile, configs[v.name], replay, workload(), args.model, trace, send_times, args.step_noise_seed
+            profile, configs[v.name], replay, workload(), args.model, trace, send_times, seed
         )
         server = {
             "command": ["flashstate", "simulate", *sys.argv[2:]] if sys.argv[1:2] == ["simulate"] else None,

@@ -233,8 +233,7 @@ class SimHostTier:
             # what is left of the read goes at the inline rate while the engine thread waits for it
             read = self._read_ahead_seconds(hit, prefetched.first_chunk)
             left = min(max(0.0, prefetched.ready_at - now) / read, 1.0) if read > 0 else 0.0
-            inline = max(0.0, self.calls.restore_s_per_token - self.calls.load_s_per_token)
-            waited = left * self._tokens_read(hit, prefetched.first_chunk) * inline
+            waited = left * self._tokens_read(hit, prefetched.first_chunk) * self.calls.read_s_per_token
             self._charge(waited, "start_restore")
             self._charge(hit.depth * self.calls.load_s_per_token, "load")
             return SimRestore(
@@ -250,9 +249,8 @@ class SimHostTier:
         if prefetched is not None:
             prefetched.drop()
         # an inline restore: the read and verify (start_restore), then the copy in (load)
-        load = hit.depth * min(self.calls.load_s_per_token, self.calls.restore_s_per_token)
-        self._charge(hit.depth * self.calls.restore_s_per_token - load, "start_restore")
-        self._charge(load, "load")
+        self._charge(hit.depth * self.calls.read_s_per_token, "start_restore")
+        self._charge(hit.depth * min(self.calls.load_s_per_token, self.calls.restore_s_per_token), "load")
         if not self.inline_fetch:
             ready += self._read_seconds(hit, first_chunk)
         self.index.pin(hit.key, 1)

@@ -128,6 +128,11 @@ class HostCallCosts:
     load_s_per_token: float = 2.1e-7
     read_ahead_s_per_token: float = 1.5e-6
 
+    @property
+    def read_s_per_token(self) -> float:
+        """An inline restore's read and verify (`start_restore`), per token: the restore less its copy-in."""
+        return max(0.0, self.restore_s_per_token - self.load_s_per_token)
+
 
 MEASURED_2B_HOST_CALLS = HostCallCosts()
 

@@ -189,4 +189,13 @@ def test_steps_stray_around_their_price_by_the_seed_of_the_noise(tmp_path, capsy
         json.loads((out / "result-vllm.json").read_text())["server"]["simulated"]["engine_busy_s"]
         == busy["off"]
     )
-    capsys.readouterr()
+    # a seed with no noise to seed is refused, naming why
+    for prof, flags, why in (
+        (str(steady), [], "has no step noise"),
+        (path, ["--no-step-noise"], "--no-step-noise"),
+    ):
+        capsys.readouterr()
+        argv = ["simulate", "--profile", prof, "--policies", "vllm", "--step-noise-seed", "3", *flags]
+        assert main([*argv, "--out", str(tmp_path / "refused")]) == 2
+        assert "--step-noise-seed" in (err := capsys.readouterr().err) and why in err
+    assert not (tmp_path / "refused").exists()

@@ -67,9 +67,12 @@ def _result(run: Path, label: str = "*") -> dict:
     return read_result(next(run.glob(f"result-{label}.json*")))
 
 
-def _simulate(run: Path, profile: str, out: Path, traces, label: str = "*", seed: int = 0) -> Path:
-    """The simulator on a recorded run's workload, trace half, engine flags and policy, under its label."""
-    argv = [*simulate_argv(_result(run, label), profile, traces), "--step-noise-seed", str(seed)]
+def _simulate(run: Path, profile: str, out: Path, traces, label: str = "*", seed: int | None = None) -> Path:
+    """The simulator on a recorded run's workload, trace half, engine flags and policy, under its label (at
+    noise seed `seed` where given)."""
+    argv = [*simulate_argv(_result(run, label), profile, traces)]
+    if seed is not None:
+        argv += ["--step-noise-seed", str(seed)]
     assert main([*argv, "--out", str(out)]) == 0
     return out
 
@@ -77,7 +80,7 @@ def _simulate(run: Path, profile: str, out: Path, traces, label: str = "*", seed
 def _predicted(run: Path, profile: str, out: Path, traces, label: str = "*") -> tuple[dict, list[dict]]:
     """(the prediction, each replay's summary): the median over the noise seeds, or the one replay of a
     profile without noise."""
-    seeds = SEEDS if load_profile(profile).noise != NO_STEP_NOISE else [0]
+    seeds = SEEDS if load_profile(profile).noise != NO_STEP_NOISE else [None]
     runs = [
         _result(_simulate(run, profile, out / f"seed{s}", traces, label, s), label)["summary"] for s in seeds
     ]
