@@ -13,7 +13,7 @@ from flashstate.bench.files import read_text
 # a step row's fields (`engine/step_trace.py` writes these and schedule_ms)
 STEP_FIELDS = (
     "t", "ms", "prefill_tokens", "prefill_seqs", "decode_seqs", "running", "waiting", "prefill_pairs",
-    "decode_context", "graphed", "exports",
+    "decode_context", "graphed", "exports", "host_ms",
 )  # fmt: skip
 
 

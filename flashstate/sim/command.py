@@ -113,6 +113,8 @@ def simulate(
     run = SimReplay(replay, engines, loop, source, overhead, profile.chat, send_times).run()
     run.model = model or profile.model
     rows = [dict(zip(STEP_FIELDS, r, strict=True)) for r in engines[0].step_rows]
+    if engines[0].host is None:  # as the engine's trace: host_ms only beside a host tier
+        rows = [{k: v for k, v in r.items() if k != "host_ms"} for r in rows]
     if step_trace is not None:
         lines = (json.dumps(r) + "\n" for r in [*rows, *engines[0].request_rows])
         step_trace.write_bytes(gzip.compress("".join(lines).encode()))
@@ -274,5 +276,5 @@ def _chat_said(c: dict[str, Any]) -> str:
     return (
         f"; chat: template {c['header_tokens']} + {c['per_message_tokens']:.1f}/message + "
         f"{100 * c['text_share']:.1f}% of the text, {1e9 * c['engine_per_token_s']:.0f} ns of the engine "
-        "thread/prompt token"
+        f"thread/prompt token and {1e3 * c['engine_per_admit_s']:.2f} ms/admission"
     )

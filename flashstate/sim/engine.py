@@ -56,6 +56,7 @@ class SimRequest:
     on_first_token: Callable[[float], None] | None = None
     on_finish: Callable[[float], None] | None = None
     rng: random.Random = field(default_factory=random.Random)
+    first_step_s: float = 0.0  # the engine thread's extra time on the step that first runs it
 
 
 def step_seconds(
@@ -167,7 +168,7 @@ class SimEngine:
         self.busy_seconds = 0.0
         self._pending_s = 0.0  # the engine thread's time on requests added since the last step (add's)
         # `--step-trace`'s fields, in the order of bench.step_summary.STEP_FIELDS, and its request lines
-        self.step_rows: list[tuple[float, float, int, int, int, int, int, int, int, bool]] = []
+        self.step_rows: list[tuple] = []
         self.request_rows: list[dict] = []
 
     def add(
@@ -180,16 +181,20 @@ class SimEngine:
         on_finish: Callable[[float], None] | None = None,
         hint_positions: list[int] | None = None,
         engine_seconds: float = 0.0,
+        first_step_seconds: float = 0.0,
     ) -> Sequence:
         """Queue a request; raises RequestTooLargeError (a ValueError) when it can never run.
         `engine_seconds`: the engine thread's time the request took before it arrived (a chat prompt's
-        rendering), which the next step waits out."""
+        rendering), which the next step waits out; `first_step_seconds`: its extra time on the engine
+        thread in the step that first runs it (a chat prompt's admission)."""
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
         seq = Sequence(request_id, list(prompt), params, stats=RequestStats(self._clock()))
         seq.hint_positions = sorted({p for p in hint_positions or [] if 0 < p <= len(prompt)})
         self.scheduler.add(seq)
         self._pending_s += engine_seconds
-        self._requests[id(seq)] = SimRequest(seq, on_first_token, on_finish, random.Random(seed))
+        self._requests[id(seq)] = SimRequest(
+            seq, on_first_token, on_finish, random.Random(seed), first_step_seconds
+        )
         return seq
 
     def next_restore(self) -> float | None:
@@ -221,13 +226,14 @@ class SimEngine:
         fixed = self.graphed_step_s if graphed else self.prefill_step_s
         seconds = step_seconds(batch, self.prefill, self.decode, fixed)
         seconds *= self.noise.factor(self._noise_rng, decode_shaped(batch))
-        seconds += self._outside_seconds()
+        host = self._host_seconds()
+        seconds += host + self._take_pending() + self._first_step_seconds(batch)
         if self.events != NO_STEP_EVENTS:  # the shipped profiles price none: no count per step
             seconds += self.events(*self._events(batch))
         self.steps += 1
         self.busy_seconds += seconds
         decode_graph = not self.config.enforce_eager and decode_shaped(batch)
-        self._record(self._clock(), seconds, batch, graphed=graphed or decode_graph)
+        self._record(self._clock(), seconds, batch, graphed=graphed or decode_graph, host_s=host)
         return batch, seconds
 
     @staticmethod
@@ -242,10 +248,15 @@ class SimEngine:
         )
         return first, last
 
-    def _outside_seconds(self) -> float:
-        """The engine thread's time outside the steps since the last one took it: the host tier's calls and
-        the chat prompts rendered meanwhile, which the step waits out."""
-        seconds, self._pending_s = self._host_seconds() + self._pending_s, 0.0
+    def _first_step_seconds(self, batch: ScheduledBatch) -> float:
+        """The extra engine time of the requests `batch` runs for the first time."""
+        requests = self._requests
+        return sum(requests[id(s)].first_step_s for s in batch.seqs if s.stats.first_scheduled_time is None)
+
+    def _take_pending(self) -> float:
+        """The engine thread's time on the chat prompts rendered since the last step took it, which the
+        step waits out."""
+        seconds, self._pending_s = self._pending_s, 0.0
         return seconds
 
     def _host_seconds(self) -> float:
@@ -321,10 +332,12 @@ class SimEngine:
         return k, seconds
 
     def _record(self, start: float, seconds: float, batch: ScheduledBatch | None, decodes: int = 0,
-                context: int = 0, repeat: int = 1, graphed: bool = False) -> None:  # fmt: skip
+                context: int = 0, repeat: int = 1, graphed: bool = False,
+                host_s: float = 0.0) -> None:  # fmt: skip
         """Step rows as `--step-trace` writes them: `batch` before it runs, or (a folded run of `repeat`
         decode steps taking `seconds` in all) `decodes` sequences holding `context` tokens at the first;
-        `graphed` as the engine would have run it. The running and waiting counts are the scheduler's now,
+        `graphed` as the engine would have run it; `host_s` of the step's seconds in the host tier's calls
+        (a single step's). The running and waiting counts are the scheduler's now,
         and the step's end sets the last row's (`_counted`), as a server's trace counts them after a step."""
         tokens = seqs = pairs = exports = 0
         if batch is not None:
@@ -345,6 +358,7 @@ class SimEngine:
                 context + i * decodes,
                 graphed,
                 exports,
+                round(1e3 * host_s, 3),
             )  # fmt: skip
             for i in range(repeat)
         )

@@ -326,7 +326,8 @@ def fit_chat_costs(profile: Profile, traces: list[tuple[Rows, Rows]], client: Ro
     Template: a prompt's tokens on the server less the tokens of text sent, fitted as header_tokens +
     text_share · sent + 2 · per_message_tokens · turn (each turn adds an answer and a new message).
     Engine thread: each step's span less its host-tier calls and the profile's price, fitted as k + c ·
-    (prompt tokens of the requests reaching the engine during the span); c is engine_per_token_s."""
+    (prompt tokens of the requests reaching the engine during the span) + d · (requests the step admits);
+    c is engine_per_token_s, d engine_per_admit_s."""
     done = [r for r in client if r.get("error") is None and r.get("sent_tokens") is not None]
     if len(done) < 20:
         raise ValueError(f"chat costs: only {len(done)} answered requests in the results")
@@ -341,16 +342,17 @@ def fit_chat_costs(profile: Profile, traces: list[tuple[Rows, Rows]], client: Ro
         for r in steps:
             start = r["t"] - r.get("gap_ms", 0.0) / 1e3
             lo, hi = bisect.bisect_left(times, start), bisect.bisect_left(times, r["t"] + r["ms"] / 1e3)
-            xs.append([1.0, reached[hi] - reached[lo]])
+            xs.append([1.0, reached[hi] - reached[lo], r.get("admitted", 0)])
             ys.append(_own_seconds(r) - _modelled(profile, r))
     if not xs:
         raise ValueError("chat costs: no steps in the traces")
-    engine = _nonneg_lstsq(np.array(xs), np.array(ys))[1]
+    _, engine, admit = _nonneg_lstsq(np.array(xs), np.array(ys))
     return {
         "header_tokens": round(float(header)),
         "per_message_tokens": float(per_turn) / 2,
         "text_share": float(share),
         "engine_per_token_s": float(engine),
+        "engine_per_admit_s": float(admit),
     }
 
 

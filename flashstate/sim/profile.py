@@ -21,13 +21,16 @@
                 "chat_overhead_per_token_s" (optional, both or neither): the same for a chat-mode replay,
                 whose server also renders the chat template and tokenizes the text (the token-mode terms
                 where absent),
-     "chat": {"header_tokens", "per_message_tokens", "text_share", "engine_per_token_s"}   (optional, all 0)
+     "chat": {"header_tokens", "per_message_tokens", "text_share", "engine_per_token_s",
+              "engine_per_admit_s"}   (optional, all 0)
                 a chat-mode replay as the server sees it: its chat template adds header_tokens to a prompt
                 (system and tool definitions framed, the first turn's role markers), per_message_tokens to
                 each later message, and text_share more tokens per token of text (words read back by the
                 server's tokenizer); and rendering and tokenizing a chat prompt takes engine_per_token_s of
                 the engine thread per prompt token (the server's threads share one interpreter), which
-                the step after the request reaches its engine waits out,
+                the step after the request reaches its engine waits out; and the step that first runs a
+                chat request (admits it, or lands its restore) takes engine_per_admit_s more than the
+                token-mode step model prices it,
      "host": {"calls_in_steps"}   (optional, false) true where the step model was fitted on a run with a host
                 tier with the engine thread's time in the tier's calls left in its steps (sim/host.py
                 charges that time to the steps otherwise; `fit-profile` takes it out since 2026-12-04);
@@ -102,6 +105,7 @@ class ChatCosts:
     per_message_tokens: float = 0.0
     text_share: float = 0.0
     engine_per_token_s: float = 0.0
+    engine_per_admit_s: float = 0.0  # on the step that first runs the request
 
     def template_tokens(self, text_tokens: int, first: bool) -> int:
         """Tokens the template adds to a message of `text_tokens` (`first`: the prompt's first)."""
@@ -360,7 +364,7 @@ def load_profile(name_or_path: str | None = None) -> Profile:
     chat = [_num(request, k, f"{where}.request", False) for k in chat_keys]
     if (chat[0] is None) != (chat[1] is None):
         raise ProfileError(f"{where}.request: chat_overhead_s and chat_overhead_per_token_s go together")
-    header, per_message, share, engine = _section(doc, "chat", ChatCosts, where)
+    header, per_message, share, engine, admit = _section(doc, "chat", ChatCosts, where)
     host_doc = doc.get("host") or {}
     if not isinstance(host_doc, dict) or not isinstance(host_doc.get("calls_in_steps", False), bool):
         raise ProfileError(f"{where}.host: expected an object with a boolean calls_in_steps")
@@ -413,5 +417,5 @@ def load_profile(name_or_path: str | None = None) -> Profile:
         events=events,
         noise=noise,
         chat_request_overhead=None if chat[0] is None else RequestOverhead(*chat),
-        chat=ChatCosts(int(header), per_message, share, engine),
+        chat=ChatCosts(int(header), per_message, share, engine, admit),
     )

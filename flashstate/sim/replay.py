@@ -246,6 +246,7 @@ class SimReplay:
                     on_finish=finished,
                     hint_positions=hints,
                     engine_seconds=engine_s,
+                    first_step_seconds=self.chat.engine_per_admit_s if hints is not None else 0.0,
                 )
             except RequestTooLargeError as err:
                 self._inflight -= 1

@@ -1,6 +1,7 @@
 """Chat mode beyond its tokens (the profile's "chat" section): the server's template adds tokens to each
-message, the same ones when a later turn re-sends the message, and rendering a chat prompt takes the engine
-thread's time, which the next step waits out; `fit-profile` fits both from chat-mode runs."""
+message, the same ones when a later turn re-sends the message, rendering a chat prompt takes the engine
+thread's time, which the next step waits out, and so does admitting it, on the step that first runs it;
+`fit-profile` fits them from chat-mode runs."""
 
 import json
 from dataclasses import replace
@@ -52,6 +53,18 @@ def test_a_chat_prompts_engine_time_is_waited_out(tmp_path):
     assert token_mode.requests[0].ttft < slow.ttft
 
 
+def test_a_chat_requests_first_step_takes_its_admission_time(tmp_path):
+    path = _profile(tmp_path, engine_per_admit_s=0.05)
+    session = [growing("s", turns=2, first=3000, step=500)]
+    plain, slow = (run(session, "flashstate", FLAGS, profile=p, mode="chat")[0].requests
+                   for p in (_profile(tmp_path), path))  # fmt: skip
+    for before, after in zip(plain, slow, strict=True):  # each turn's first step; its decodes do not
+        assert after.ttft - before.ttft == pytest.approx(0.05)
+        assert after.e2e - after.ttft == pytest.approx(before.e2e - before.ttft)
+    token_mode, _ = run(session, "flashstate", FLAGS, profile=path)  # only chat admissions cost it
+    assert all(t.ttft < c.ttft for t, c in zip(token_mode.requests, slow, strict=True))
+
+
 def test_the_fit_recovers_the_chat_costs():
     profile = load_profile("h200-qwen3-next-2b-tune")
     client = [
@@ -60,11 +73,12 @@ def test_the_fit_recovers_the_chat_costs():
         for n in (2000, 9000, 17000, 30000)
     ]
     steps, requests, t = [], [], 0.0
-    for i in range(200):  # decode steps back to back; every third one sees a prompt of 1,000·i tokens arrive
-        arriving = 1000 * i if i % 3 == 0 else 0
-        seconds = profile.decode(8, 8000) + 4e-7 * arriving
+    for i in range(200):  # decode steps back to back; every third one sees a prompt of 1,000·i tokens arrive,
+        arriving = 1000 * i if i % 3 == 0 else 0  # every fifth admits one or two requests
+        admitted = (1 + i % 2) * (i % 5 == 0)
+        seconds = profile.decode(8, 8000) + 4e-7 * arriving + 6e-3 * admitted
         steps.append({"t": t, "ms": 1e3 * seconds, "prefill_tokens": 0, "prefill_pairs": 0, "decode_seqs": 8,
-                      "decode_context": 8000})  # fmt: skip
+                      "decode_context": 8000, "admitted": admitted})  # fmt: skip
         if arriving:
             requests.append({"arrival": t + seconds / 2, "prompt_tokens": arriving})
         t += seconds
@@ -73,6 +87,7 @@ def test_the_fit_recovers_the_chat_costs():
     assert costs["per_message_tokens"] == pytest.approx(8, rel=0.02)
     assert costs["text_share"] == pytest.approx(0.03, rel=0.02)
     assert costs["engine_per_token_s"] == pytest.approx(4e-7, rel=1e-6)
+    assert costs["engine_per_admit_s"] == pytest.approx(6e-3, rel=1e-6)
 
 
 def test_an_unknown_chat_field_is_refused(tmp_path):

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from flashstate.bench.step_summary import STEP_FIELDS
 from flashstate.cache.cost import PrefillCost
 from flashstate.cache.host.restore import RestorePhase
 from flashstate.sim import host as sim_host
@@ -173,6 +174,12 @@ def test_the_steps_wait_out_the_tiers_calls_unless_the_profile_holds_them(tmp_pa
     assert engine.host.engine_seconds > 0 and engine_free.host.engine_seconds > 0
     assert engine.busy_seconds > engine_free.busy_seconds
     assert len(charged.requests) == len(free.requests) == 36
+    # the step trace says which steps waited them out (`host_ms`, as the engine's trace does)
+    traced = [sum(dict(zip(STEP_FIELDS, r, strict=True))["host_ms"] for r in e.step_rows) / 1e3
+              for e in (engine, engine_free)]  # fmt: skip
+    left = engine.host.take_engine_seconds()  # the write-backs after the last step
+    assert traced[0] + left == pytest.approx(engine.host.engine_seconds, abs=1e-6 * len(engine.step_rows))
+    assert traced[1] == 0
 
 
 def test_the_profile_says_what_the_tiers_calls_cost(tmp_path):

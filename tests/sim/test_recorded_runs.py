@@ -173,9 +173,9 @@ def test_the_rough_real_size_profile_predicts_the_real_size_run(traces, tmp_path
 
 def test_the_tune_profile_with_chat_costs_predicts_the_chat_run(traces, tmp_path):
     """flashstate + 64G host tier, chat mode, 17G (2026-12-04), on the tune profile whose chat costs (template
-    tokens, the engine thread's time per chat prompt token) were fitted on the chat runs of 2026-12-03: hit
-    rate, uncached p50 and throughput within 15%; TTFT not (RESULTS.md: the noise seeds' median p50 -17%,
-    p90 -30%)."""
+    tokens, the engine thread's time per chat prompt token and per chat request admitted) were fitted on the
+    chat runs of 2026-12-03: hit rate, uncached p50 and throughput within 15%; TTFT not (RESULTS.md: the
+    noise seeds' median p50 -16%, p90 -26%)."""
     run = RESULTS / "card-2026-12-04" / "chat-17G-flashstate-host"
     got, _ = _predicted(run, TUNE_PROFILE, tmp_path, traces)
     _assert_close(got, _result(run)["summary"], "output TPM", "uncached p50")
