@@ -165,6 +165,12 @@ class EngineConfig:
         shown="the policy's own: flashstate draws KV blocks and checkpoints from one shared budget, sglang "
         "holds back 0.25",
     )
+    reserve_working_slots: bool = _engine(
+        False,
+        "flashstate's shared budget, where --kv-cache-memory-bytes sets it: keep --max-num-seqs working "
+        "state slots apart from it (the engine before 2026-12-05) instead of charging a request's working "
+        "slot to it while the request holds one (idle slots then hold KV and checkpoints)",
+    )
     tensor_parallel_size: int = _engine(  # ranks on cuda:k..k+N-1
         1,
         "GPUs to split the model's heads over (one process per GPU; on CPU, gloo processes)",

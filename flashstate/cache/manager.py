@@ -29,7 +29,9 @@ state, and no KV-only paths (the pool tracks vLLM's attention blocks).
 With `byte_budget` (the `flashstate` policy's shared budget), KV blocks in use and checkpoint slots (held
 or being exported) are charged against one number of bytes: whenever blocks or an export slot are wanted,
 or a new checkpoint is admitted, units are evicted by the policy's priority, whichever kind they are,
-until the charge fits. Working slots are reserved apart and not charged.
+until the charge fits. With `working_charged` a running sequence's working slot is charged too, from its
+admission (which evicts for it like the rest, after locking its own hit) to its release, so the memory
+of the working slots no request holds serves KV and checkpoints; otherwise they are reserved apart.
 
 Where a session resumes (the flashstate policy with its retry fallback): a client that re-sends each reply
 token for token resumes at the request's end (its frontier checkpoint); one that re-renders its history
@@ -94,6 +96,7 @@ class CacheManager:
         host: HostTier | None = None,
         pages: VllmPagePool | None = None,
         byte_budget: int | None = None,
+        working_charged: bool = False,
     ):
         self.block_pool = block_pool
         self.state_pool = state_pool
@@ -119,6 +122,7 @@ class CacheManager:
         self.host = host
         self.pages = pages
         self.byte_budget = byte_budget
+        self.working_charged = working_charged and byte_budget is not None and policy is not None
         if pages is not None:
             pages.on_state_lost = self._drop_lost_state
 
@@ -133,7 +137,16 @@ class CacheManager:
     def can_ever_fit(self, num_tokens: int) -> bool:
         if self.pages is not None and not self.pages.fits(num_tokens):
             return False
-        return self.block_pool.blocks_for(num_tokens) <= self.block_pool.num_blocks
+        return self.block_pool.blocks_for(num_tokens) <= self.max_seq_blocks
+
+    @property
+    def max_seq_blocks(self) -> int:
+        """The most KV blocks one sequence can hold: the pool's, or with `working_charged` what the budget
+        has beside its working slot."""
+        if not self.working_charged:
+            return self.block_pool.num_blocks
+        room = (self.byte_budget - self.policy.bytes_per_slot) // self.policy.bytes_per_block
+        return min(self.block_pool.num_blocks, room)
 
     # ---- admission ------------------------------------------------------------------------------
 
@@ -141,19 +154,31 @@ class CacheManager:
         """Give a waiting sequence its working slot and its prefix hit; False (nothing held) if no slot.
         `miss`: take no hit (nothing on a cached path is locked, so everything cached can be evicted). A host
         restore takes the sequence's read-ahead over."""
-        slot = self._take_slot()
-        if slot is None:
-            return False
-        seq.state_slot = slot
-        if not self.enabled:
-            return True
+        if not self.working_charged:
+            slot = self._take_slot()
+            if slot is None:
+                return False
+            seq.state_slot = slot
+            if not self.enabled:
+                return True
         match = self.tree.match([], 0) if miss and self.pages is None else self._match(seq)
         if match is None:  # the emulated vLLM pool lacks free pages: wait, like vLLM's scheduler
-            self.state_pool.free(slot)
+            self.state_pool.free(seq.state_slot)
             seq.state_slot = None
             return False
-        self._live[id(seq)] = seq  # until release()
         self._lock(match.node, +1)  # from here on nothing on the hit path can be evicted
+        if self.working_charged:  # its slot's bytes, evicting other units for them
+            slot = self._take_slot(charged=True)
+            if slot is None:
+                self._lock(match.node, -1)
+                return False
+            seq.state_slot = slot
+            if not miss:  # those may include KV-only nodes below the locked hit: its KV depth again
+                again = self._match(seq)
+                self._lock(again.node, +1)
+                self._lock(match.node, -1)
+                match = again
+        self._live[id(seq)] = seq  # until release()
         if self.policy.fallback_retry and id(seq) not in self._resumes:
             self._resumes[id(seq)] = self._learn_resume(seq, match)
         self._unprotect(match.node)  # it has served: this request's resume points take over
@@ -314,10 +339,22 @@ class CacheManager:
 
     @property
     def charged_bytes(self) -> int:
-        """Bytes held against the shared budget: KV blocks in use, checkpoints and in-flight exports."""
+        """Bytes held against the shared budget: KV blocks in use, checkpoints and in-flight exports, and with
+        `working_charged` the working slots held (every slot in use)."""
         blocks = self.block_pool.num_blocks - self.block_pool.num_free
-        slots = self.num_checkpoints + len(self._inflight)
+        if self.working_charged:
+            slots = self.state_pool.num_slots - self.state_pool.num_free
+        else:
+            slots = self.num_checkpoints + len(self._inflight)
         return blocks * self.policy.bytes_per_block + slots * self.policy.bytes_per_slot
+
+    @property
+    def slot_blocks(self) -> int:
+        """KV blocks' worth of the shared budget a running sequence's working slot is charged (0: reserved
+        apart), which memory admission counts in its footprint."""
+        if not self.working_charged:
+            return 0
+        return -(-self.policy.bytes_per_slot // self.policy.bytes_per_block)
 
     @property
     def num_free_blocks(self) -> int:
@@ -329,7 +366,8 @@ class CacheManager:
 
     @property
     def kv_capacity_blocks(self) -> int:
-        """The most KV blocks running sequences could hold with every cache unit evicted."""
+        """The most KV blocks running sequences could hold with every cache unit evicted (with
+        `working_charged`, their working slots' `slot_blocks` each among them)."""
         if self.byte_budget is None or not self.enabled:
             return self.block_pool.num_blocks
         return min(self.block_pool.num_blocks, self.byte_budget // self.policy.bytes_per_block)

@@ -54,6 +54,10 @@ class CachePlan:
     # whole of it (blocks and slots over-provisioned; the charge binds first), but for the checkpoint
     # slots under a physical limit (CARD_CHECKPOINT_SHARE of it: there the slot pool may bind first).
     shared_bytes: int | None = None
+    # The working slots a request holds are charged to the shared budget too (an explicit budget, where the
+    # pools are over-provisioned): the memory of the idle ones holds KV blocks and checkpoints. Otherwise
+    # (a physical limit, or --reserve-working-slots) the working slots are reserved apart from it.
+    working_charged: bool = False
 
     @property
     def kv_bytes(self) -> int:
@@ -70,6 +74,13 @@ class CachePlan:
     def describe(self) -> str:
         mib = 1 << 20
         checkpoints = self.num_slots - self.num_working_slots
+        if self.shared_bytes is not None and self.working_charged:
+            return (
+                f"cache: one shared budget of {self.shared_bytes / mib:.1f} MiB for the working states of "
+                f"the running requests (up to {self.num_working_slots}, {self.bytes_per_slot / mib:.2f} MiB "
+                f"each), KV blocks ({self.block_size} tokens, {self.bytes_per_block / mib:.2f} MiB each, "
+                f"up to {self.num_blocks}) and checkpoints (up to {checkpoints})"
+            )
         if self.shared_bytes is not None:
             return (
                 f"cache: {self.num_working_slots} working state slots "
@@ -110,6 +121,18 @@ def _plan(
     hybrid = bool(spec.attention_layer_ids and spec.linear_layer_ids)
     if config.prefix_caching and config.cache_policy == "vllm" and hybrid:
         return _plan_vllm(spec, config, dtype, budget_bytes, block, slot)
+    shared = (
+        config.prefix_caching and config.state_cache_fraction is None and config.cache_policy == "flashstate"
+    )
+    if shared and not physical_limit and not config.reserve_working_slots:
+        # every pool over-provisioned to the whole budget; the charge (working slots held included) binds
+        if budget_bytes < slot + block:
+            raise ValueError(
+                f"cache budget of {budget_bytes / (1 << 20):.1f} MiB cannot hold one working state ({slot} "
+                f"bytes) and one KV block ({block} bytes): raise kv_cache_memory_bytes"
+            )
+        return CachePlan(budget_bytes // block, config.block_size, working + budget_bytes // slot, working,
+                         block, slot, shared_bytes=budget_bytes, working_charged=True)  # fmt: skip
     left = budget_bytes - working * slot
     if left < block:
         raise ValueError(
@@ -118,7 +141,7 @@ def _plan(
             f"or lower max_num_seqs"
         )
     fraction = config.state_cache_fraction
-    if config.prefix_caching and fraction is None and config.cache_policy == "flashstate":
+    if shared:
         checkpoints = left // slot
         if physical_limit:
             checkpoints = min(checkpoints, max(int(left * CARD_CHECKPOINT_SHARE) // slot, 1))

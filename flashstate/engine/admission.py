@@ -1,6 +1,7 @@
 """Memory admission (the `flashstate` policy's scheduler): keep the running set inside memory under overload.
 
-The running set's *footprint* is the KV blocks its sequences would hold at their expected lengths:
+The running set's *footprint* is the KV blocks its sequences would hold at their expected lengths (and,
+where the cache charges working slots to its budget, each one's slot in blocks' worth of bytes):
 
     expected_len(s) = max(num_prompt_tokens + min(max_tokens, expected_output_tokens), len(token_ids) + 1)
 
@@ -46,8 +47,8 @@ class MemoryAdmission:
         return min(max(seq.num_prompt_tokens + out, len(seq.token_ids) + 1), self.max_model_len)
 
     def footprint(self, cache: CacheManager, seq: Sequence) -> int:
-        """KV blocks `seq` holds at its expected length."""
-        return cache.block_pool.blocks_for(self.expected_len(seq))
+        """KV blocks `seq` holds at its expected length, and the blocks' worth its working slot is charged."""
+        return cache.block_pool.blocks_for(self.expected_len(seq)) + cache.slot_blocks
 
     def limit(self, cache: CacheManager, cold: bool = False) -> int:
         """Blocks the running set may grow into (admitting a cold sequence: leaving `cold_reserve`)."""

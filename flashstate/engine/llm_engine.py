@@ -198,6 +198,7 @@ class LLMEngine:
             host=self.host,
             pages=vllm_page_pool(self.plan, c, self.spec, self.dtype),
             byte_budget=self.plan.shared_bytes,
+            working_charged=self.plan.working_charged,
         )
         self.scheduler = Scheduler.from_config(self.cache, c, self.max_model_len)
         self.stats = snapshot(self.scheduler, self.cache)  # replaced after every step
@@ -297,7 +298,7 @@ class LLMEngine:
     def context_limit(self) -> int:
         """The most tokens (prompt + output) one request can hold: max_model_len, or the whole KV cache
         if that is less."""
-        return min(self.max_model_len, self.plan.num_blocks * self.config.block_size)
+        return min(self.max_model_len, self.cache.max_seq_blocks * self.config.block_size)
 
     def _bounded(self, params: SamplingParams, num_prompt_tokens: int) -> SamplingParams:
         """`params` checked against the model: ValueError for stop ids or logprobs outside the vocabulary;

@@ -209,7 +209,7 @@ class Scheduler:
         if not self.cache.can_ever_fit(total):
             raise RequestTooLargeError(
                 f"prompt + max_tokens = {total} tokens exceeds the whole KV cache "
-                f"({self.cache.block_pool.num_blocks * self.cache.block_size} tokens)"
+                f"({self.cache.max_seq_blocks * self.cache.block_size} tokens)"
             )
 
     def schedule(self) -> ScheduledBatch:
@@ -366,7 +366,8 @@ class Scheduler:
         need = sum(max(blocks_for(s.num_computed_tokens + n) - len(s.block_table), 0) for s in seqs)
         if need <= self.cache.num_free_blocks:
             return False
-        held = sum(len(s.block_table) for s in self.running + self.restoring)
+        live = self.running + self.restoring
+        held = sum(len(s.block_table) for s in live) + self.cache.slot_blocks * len(live)
         return held > self.admission.limit(self.cache)
 
     def could_admit(self) -> bool:

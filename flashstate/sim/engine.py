@@ -145,6 +145,7 @@ class SimEngine:
             host=self.host,
             pages=vllm_page_pool(self.plan, config, spec, torch_dtype),
             byte_budget=self.plan.shared_bytes,
+            working_charged=self.plan.working_charged,
         )
         self.max_model_len = config.max_model_len or spec.max_position_embeddings
         self.scheduler = Scheduler.from_config(self.cache, config, self.max_model_len)

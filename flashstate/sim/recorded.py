@@ -26,12 +26,20 @@ ENGINE_FLAGS = (
     "--kv-cache-memory-bytes",
     "--host-chunk-tokens",
 )
-ENGINE_SWITCHES = ("--host-prefetch", "--no-host-prefetch", "--host-inline-fetch", "--no-host-inline-fetch")
+ENGINE_SWITCHES = (
+    "--host-prefetch", "--no-host-prefetch", "--host-inline-fetch", "--no-host-inline-fetch",
+    "--reserve-working-slots", "--no-reserve-working-slots",
+)  # fmt: skip
 # defaults that held for a while: (from, until: UTC times as results stamp them, the switch a run made then
-# had by default, its opposite); the first is added where the command says neither. Read-aheads were on by
-# default from 86c8082 until the H200 measured them (RESULTS.md, "Host hits read ahead while queued"), where
-# a host tier was on.
-OLD_DEFAULTS = (("2026-12-05T00:00", "2026-12-05T02:30", "--host-prefetch", "--no-host-prefetch"),)
+# had by default, its opposite, whether only a run with a host tier had it); the first is added where the
+# command says neither. Read-aheads were on by default from 86c8082 until the H200 measured them
+# (RESULTS.md, "Host hits read ahead while queued"), where a host tier was on; flashstate's working slots
+# were reserved apart from its shared budget until they were charged to it (RESULTS.md, "Working slots
+# charged to the budget").
+OLD_DEFAULTS = (
+    ("2026-12-05T00:00", "2026-12-05T02:30", "--host-prefetch", "--no-host-prefetch", True),
+    ("", "2026-12-05T10:00", "--reserve-working-slots", "--no-reserve-working-slots", False),
+)
 COST_METRIC = "flashstate:prefill_cost_coefficient{"
 _TERM = re.compile(r'term="([ab])"')
 METRICS = {
@@ -71,8 +79,11 @@ def simulate_argv(result: dict[str, Any], profile: str, traces: str | Path) -> l
     created, tier = result.get("created", ""), {"--host-cache", "--host-cache-bytes"} & set(command)
     flags += [
         then
-        for since, until, then, other in OLD_DEFAULTS
-        if tier and since <= created < until and then not in command and other not in command
+        for since, until, then, other, tier_only in OLD_DEFAULTS
+        if (tier or not tier_only)
+        and since <= created < until
+        and then not in command
+        and other not in command
     ]
     policy = server.get("cache_policy") or result["label"]
     variant = shlex.join([f"{result['label']}={policy}", *server.get("variant_args", [])])

@@ -35,6 +35,7 @@ def _policy(name: str) -> Policy | None:
             **common,
         ),
         "flashstate-shared": lambda: _policy("flashstate"),
+        "flashstate-charged": lambda: _policy("flashstate"),
         "flashstate-lru": lambda: Policy(
             "flashstate", eviction="lru", frontier=True, prefill_export=True, **common
         ),
@@ -53,17 +54,20 @@ class CacheMachine(RuleBasedStateMachine):
         # vllm: an emulated vLLM pool (2 state groups + attention, pages of 8 tokens) decides hits.
         pages = VllmPagePool(24, 8, num_state_groups=2, max_chunk_tokens=16)
         # flashstate-shared: 28 blocks' worth of bytes buys blocks and checkpoints (a slot costs 4 blocks);
-        # either physical pool could take the whole of it, so only the charge binds.
-        shared = self.policy_name == "flashstate-shared"
+        # either physical pool could take the whole of it, so only the charge binds. flashstate-charged:
+        # the same bytes buy the running sequences' working slots too (6 of them, beside 7 checkpoints).
+        shared = self.policy_name in ("flashstate-shared", "flashstate-charged")
+        charged = self.policy_name == "flashstate-charged"
         self.cache = CacheManager(
             BlockPool(28, BLOCK),
-            StatePool(14 if shared else 10),
+            StatePool(13 if charged else 14 if shared else 10),
             _policy(self.policy_name),
             max_checkpoints=7 if shared else 6,
             copy_block=lambda src, dst: None,
             clock=lambda: self.now,
             pages=pages if self.policy_name == "vllm" else None,
             byte_budget=28 * 64 if shared else None,
+            working_charged=charged,
         )
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
@@ -182,6 +186,7 @@ def _case(name: str):
 
 TestFlashstate = _case("flashstate")
 TestFlashstateShared = _case("flashstate-shared")
+TestFlashstateCharged = _case("flashstate-charged")
 TestFlashstateLRU = _case("flashstate-lru")
 TestVllm = _case("vllm")
 TestSglang = _case("sglang")
@@ -211,7 +216,7 @@ def _walk(machine: CacheMachine, with_time: bool, steps: int = 3000):
         yield
 
 
-@pytest.mark.parametrize("name", ["flashstate", "flashstate-shared"])
+@pytest.mark.parametrize("name", ["flashstate", "flashstate-shared", "flashstate-charged"])
 def test_the_machine_reaches_hits_evictions_and_exports(name):
     """Guard against a vacuous machine: a seeded random walk over the same rules sees hits, evictions of
     both kinds, refusals and exports (with the shared budget: the charge reaches the budget, and blocks
@@ -228,7 +233,9 @@ def test_the_machine_reaches_hits_evictions_and_exports(name):
         assert most_checkpoints >= 5 and most_blocks >= 24, (most_checkpoints, most_blocks)
     s = machine.cache.stats
     assert s.hits > 20 and s.evictions["capacity_kv"] > 5 and s.evictions["capacity_state"] > 5, s
-    assert s.admissions_refused > 0 and machine.num_exports > 20
+    # (with the working slots charged, six running sequences' slots take most of the budget: units are
+    # evicted for them before the admission rule has a unit to refuse)
+    assert (s.admissions_refused > 0 or name == "flashstate-charged") and machine.num_exports > 20
 
 
 def test_the_vllm_machine_reaches_hits_and_pool_evictions():

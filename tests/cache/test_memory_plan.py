@@ -20,14 +20,28 @@ def _plan(spec, budget=BUDGET, physical_limit=False, **kw):
     return plan_cache(spec, EngineConfig(max_num_seqs=4, **kw), torch.float32, budget, physical_limit)
 
 
-def test_flashstate_shares_one_budget_between_blocks_and_checkpoints(spec):
+def test_flashstate_shares_one_budget_between_working_states_blocks_and_checkpoints(spec):
     plan = _plan(spec)
+    assert plan.shared_bytes == BUDGET and plan.working_charged
+    # either pool alone could take the whole budget, the slots beside the working ones
+    assert plan.num_blocks == BUDGET // plan.bytes_per_block
+    assert plan.num_slots - plan.num_working_slots == BUDGET // plan.bytes_per_slot
+    assert "working states of the running requests" in plan.describe()
+    # a budget too small for max_num_seqs working states still serves fewer at a time
+    small = _plan(spec, budget=3 * plan.bytes_per_slot + plan.bytes_per_block)
+    assert small.shared_bytes == 3 * plan.bytes_per_slot + plan.bytes_per_block
+
+
+def test_reserved_working_slots_leave_the_rest_to_blocks_and_checkpoints(spec):
+    plan = _plan(spec, reserve_working_slots=True)
     working = 4 * plan.bytes_per_slot
-    assert plan.shared_bytes == BUDGET - working
+    assert plan.shared_bytes == BUDGET - working and not plan.working_charged
     # either pool alone could take the whole shared budget
     assert plan.num_blocks == plan.shared_bytes // plan.bytes_per_block
     assert plan.num_slots - plan.num_working_slots == plan.shared_bytes // plan.bytes_per_slot
-    assert "shared budget" in plan.describe()
+    assert "4 working state slots" in plan.describe()
+    with pytest.raises(ValueError, match="cannot hold 4 working states"):
+        _plan(spec, budget=3 * plan.bytes_per_slot + plan.bytes_per_block, reserve_working_slots=True)
 
 
 def test_sglang_and_an_explicit_fraction_split_the_budget(spec):

@@ -41,7 +41,7 @@ def test_no_max_tokens_stops_at_what_the_kv_cache_holds(tiny_model_dir):
         tiny_model_dir,
         **COST,
         max_model_len=4096,
-        kv_cache_memory_bytes=400_000,  # 20 blocks of 16 tokens beside 4 working states
+        kv_cache_memory_bytes=400_000,  # 4 working states and 20 blocks: one request alone has 41 blocks
         block_size=16,
         max_num_seqs=4,
     )

@@ -24,12 +24,16 @@ EXAMPLES = int(os.environ.get("ENGINE_FUZZ_EXAMPLES", "40"))
 SEED = int(os.environ.get("ENGINE_FUZZ_SEED", "0"))
 COST = (1e-5, 1e-10)  # no calibration
 VOCAB = 2048  # the embedded tiny model's
-# name → engine arguments; "tight" has 2 KV blocks (32 tokens) under a max_model_len of 64
+# name → engine arguments; "tight" has 2 KV blocks (32 tokens) under a max_model_len of 64 beside its 2
+# reserved working states; "shared" charges its working states to its budget: one request alone has the
+# room of 64 tokens and more, two running at once share one block beside their states
 ENGINES = {
     "len16": {"max_model_len": 16, "kv_cache_memory_bytes": 4 << 20, "max_num_seqs": 4},
     "len48": {"max_model_len": 48, "kv_cache_memory_bytes": 4 << 20, "max_num_seqs": 4},
-    "tight": {"max_model_len": 64, "kv_cache_memory_bytes": 140_000, "max_num_seqs": 2},
-}
+    "tight": {"max_model_len": 64, "kv_cache_memory_bytes": 140_000, "max_num_seqs": 2,
+              "reserve_working_slots": True},
+    "shared": {"max_model_len": 64, "kv_cache_memory_bytes": 130_000, "max_num_seqs": 2},
+}  # fmt: skip
 MAX_STEPS = 20_000  # far past any case's need: reaching it means the engine stopped making progress
 
 _engines: dict[str, LLM] = {}
@@ -183,3 +187,7 @@ def test_the_engines_have_the_limits_the_cases_aim_at():
     assert _engine("len48").engine.context_limit == 48
     tight = _engine("tight").engine
     assert tight.context_limit < ENGINES["tight"]["max_model_len"]
+    shared = _engine("shared").engine
+    plan, budget = shared.plan, ENGINES["shared"]["kv_cache_memory_bytes"]
+    assert plan.working_charged and shared.context_limit == ENGINES["shared"]["max_model_len"]
+    assert (budget - 2 * plan.bytes_per_slot) // plan.bytes_per_block == 1

@@ -112,8 +112,8 @@ def test_requests_that_can_never_run_are_refused_not_queued(tiny_model_dir):
     with pytest.raises(ValueError, match="outside the vocabulary"):
         engine.add_request([engine.spec.vocab_size + 5], GREEDY)
     small = LLM(
-        tiny_model_dir, block_size=4, max_num_seqs=2, kv_cache_memory_bytes=_budget(tiny_model_dir, 2, 8, 4)
-    )
+        tiny_model_dir, block_size=4, max_num_seqs=2, kv_cache_memory_bytes=_budget(tiny_model_dir, 1, 8, 4)
+    )  # one request's working state and 8 blocks: a request needs its state beside its blocks
     with pytest.raises(RequestTooLargeError, match="whole KV cache"):
         small.engine.add_request(list(range(30)), SamplingParams(max_tokens=8))
     assert not engine.has_unfinished() and not small.engine.has_unfinished()

@@ -18,7 +18,7 @@ def server(module_tmp, tiny_model_dir):
         "--served-model-name", NAME,
         "--max-model-len", "4096",
         "--max-num-seqs", "2",
-        "--kv-cache-memory-bytes", "2Mi",  # a KV cache smaller than max-model-len
+        "--kv-cache-memory-bytes", "1800Ki",  # a KV cache smaller than max-model-len
         "--max-request-body-bytes", "64Ki",
         "--prefill-cost-coefficients", "1e-4", "1e-8",
     ]  # fmt: skip

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from flashstate.bench.step_summary import STEP_FIELDS
+from flashstate.bench.workloads import load_workload
 from flashstate.cache.cost import PrefillCost
 from flashstate.cache.host.restore import RestorePhase
 from flashstate.sim import host as sim_host
@@ -200,3 +201,20 @@ def test_the_profile_says_what_the_tiers_calls_cost(tmp_path):
     path.write_text(json.dumps(graphed | {"host": {"restore_s": 1e-6}}))
     with pytest.raises(ProfileError, match="restore_s"):
         load_profile(str(path))
+
+
+def test_a_restore_keeps_the_kv_path_its_working_slot_could_have_evicted(traces):
+    """A request's working slot, charged to the shared budget, evicts units at its admission; its own hit is
+    locked, but the KV-only path below it that a host restore shares was not, and evicting it left the
+    restore walking a path no longer in the tree (found replaying the real traces at a quarter of their
+    working set). Real traces where that happened: every request answered, the pools whole."""
+    sessions = load_workload(str(traces), "auto", None, None, None)
+    flags = ["--kv-cache-memory-bytes", "800M", "--max-num-seqs", "16", "--host-cache", "memory"]
+    replay = {
+        "agents": 16, "warmup_s": 5.0, "duration_s": 60.0, "ramp_s": 2.0, "length_scale": 0.1,
+        "time_scale": 0.05, "max_think_s": 2.0, "max_output_tokens": 64, "max_sessions": None,
+    }  # fmt: skip
+    result, (engine,) = run(sessions, "flashstate", flags, **replay)
+    assert engine.plan.working_charged and engine.cache.stats.host_hits > 100
+    assert result.requests and all(r.error is None for r in result.requests)
+    engine.scheduler.check_integrity()

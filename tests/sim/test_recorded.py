@@ -47,19 +47,20 @@ def _config(argv: list[str]):
 
 
 @pytest.mark.parametrize(
-    ("created", "serve", "prefetch"),
+    ("created", "serve", "prefetch", "reserved"),
     [
-        ("2026-12-04T20:18:57+00:00", [], False),  # before read-aheads
-        ("2026-12-05T02:16:41+00:00", [], True),  # while they were on by default: replayed with them
-        ("2026-12-05T02:14:03+00:00", ["--no-host-prefetch"], False),
-        ("2026-12-05T10:00:00+00:00", [], False),  # off by default since
-        ("2026-12-05T10:00:00+00:00", ["--host-prefetch"], True),
+        ("2026-12-04T20:18:57+00:00", [], False, True),  # before read-aheads; working slots reserved then
+        ("2026-12-05T02:16:41+00:00", [], True, True),  # while read-aheads were on by default: with them
+        ("2026-12-05T02:14:03+00:00", ["--no-host-prefetch"], False, True),
+        ("2026-12-05T10:00:00+00:00", [], False, False),  # both off by default since
+        ("2026-12-05T10:00:00+00:00", ["--host-prefetch", "--reserve-working-slots"], True, True),
     ],
 )
-def test_the_replay_runs_the_engine_the_command_ran(created, serve, prefetch):
+def test_the_replay_runs_the_engine_the_command_ran(created, serve, prefetch, reserved):
     argv = simulate_argv(_result(created, "--host-chunk-tokens", "4096", *serve), "h200-qwen3-next-2b", "T")
     config = _config(argv)
     assert config.host_prefetch is prefetch and config.host_chunk_tokens == 4096
+    assert config.reserve_working_slots is reserved
     assert config.max_num_seqs == 48 and config.host_tier == "memory"
     assert "--kernel-cache" not in argv[argv.index("--serve-args") + 1]  # where it ran, not what it ran
 
