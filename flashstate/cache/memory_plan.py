@@ -60,6 +60,12 @@ class CachePlan:
     working_charged: bool = False
 
     @property
+    def max_checkpoints(self) -> int:
+        """Slots the prefix cache may hold as checkpoints: those beside the working ones, or every slot where
+        the working ones are charged (the charge binds first)."""
+        return self.num_slots if self.working_charged else self.num_slots - self.num_working_slots
+
+    @property
     def kv_bytes(self) -> int:
         return self.num_blocks * self.bytes_per_block
 
@@ -73,7 +79,7 @@ class CachePlan:
 
     def describe(self) -> str:
         mib = 1 << 20
-        checkpoints = self.num_slots - self.num_working_slots
+        checkpoints = self.max_checkpoints
         if self.shared_bytes is not None and self.working_charged:
             return (
                 f"cache: one shared budget of {self.shared_bytes / mib:.1f} MiB for the working states of "
@@ -125,14 +131,15 @@ def _plan(
         config.prefix_caching and config.state_cache_fraction is None and config.cache_policy == "flashstate"
     )
     if shared and not physical_limit and not config.reserve_working_slots:
-        # every pool over-provisioned to the whole budget; the charge (working slots held included) binds
+        # each pool over-provisioned to the whole budget (every slot in use is charged, so no more slots
+        # than the budget buys); the charge binds
         if budget_bytes < slot + block:
             raise ValueError(
                 f"cache budget of {budget_bytes / (1 << 20):.1f} MiB cannot hold one working state ({slot} "
                 f"bytes) and one KV block ({block} bytes): raise kv_cache_memory_bytes"
             )
-        return CachePlan(budget_bytes // block, config.block_size, working + budget_bytes // slot, working,
-                         block, slot, shared_bytes=budget_bytes, working_charged=True)  # fmt: skip
+        return CachePlan(budget_bytes // block, config.block_size, budget_bytes // slot, working, block, slot,
+                         shared_bytes=budget_bytes, working_charged=True)  # fmt: skip
     left = budget_bytes - working * slot
     if left < block:
         raise ValueError(

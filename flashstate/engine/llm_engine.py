@@ -193,7 +193,7 @@ class LLMEngine:
             BlockPool(self.plan.num_blocks, c.block_size),
             StatePool(self.plan.num_slots, caches.copy_slot),
             build_policy(c, self.spec, self.dtype, self.cost),
-            max_checkpoints=self.plan.num_slots - self.plan.num_working_slots,
+            max_checkpoints=self.plan.max_checkpoints,
             copy_block=caches.copy_block,
             host=self.host,
             pages=vllm_page_pool(self.plan, c, self.spec, self.dtype),

@@ -139,7 +139,7 @@ class SimEngine:
             BlockPool(self.plan.num_blocks, config.block_size),
             StatePool(self.plan.num_slots),
             build_policy(config, spec, torch_dtype, cost),
-            max_checkpoints=self.plan.num_slots - self.plan.num_working_slots,
+            max_checkpoints=self.plan.max_checkpoints,
             copy_block=lambda src, dst: None,
             clock=clock,
             host=self.host,

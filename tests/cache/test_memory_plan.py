@@ -23,9 +23,9 @@ def _plan(spec, budget=BUDGET, physical_limit=False, **kw):
 def test_flashstate_shares_one_budget_between_working_states_blocks_and_checkpoints(spec):
     plan = _plan(spec)
     assert plan.shared_bytes == BUDGET and plan.working_charged
-    # either pool alone could take the whole budget, the slots beside the working ones
+    # either pool alone could take the whole budget (every slot in use is charged: no more slots than it buys)
     assert plan.num_blocks == BUDGET // plan.bytes_per_block
-    assert plan.num_slots - plan.num_working_slots == BUDGET // plan.bytes_per_slot
+    assert plan.num_slots == plan.max_checkpoints == BUDGET // plan.bytes_per_slot
     assert "working states of the running requests" in plan.describe()
     # a budget too small for max_num_seqs working states still serves fewer at a time
     small = _plan(spec, budget=3 * plan.bytes_per_slot + plan.bytes_per_block)

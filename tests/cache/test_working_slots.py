@@ -18,7 +18,7 @@ PARAMS = SamplingParams(max_tokens=4)
 
 
 def _cache(charged: bool) -> CacheManager:
-    """The plans memory_plan makes of a budget of 4 working slots and 16 blocks: charged, every pool
+    """The plans memory_plan makes of a budget of 4 working slots and 16 blocks: charged, each pool
     over-provisioned to the whole budget; reserved, the 16 blocks' worth shared beside the 4 slots."""
     budget = MAX_NUM_SEQS * SLOT_BYTES + 16 * BLOCK_BYTES
     shared = budget if charged else 16 * BLOCK_BYTES
@@ -26,7 +26,7 @@ def _cache(charged: bool) -> CacheManager:
                     bytes_per_block=BLOCK_BYTES, bytes_per_slot=SLOT_BYTES)  # fmt: skip
     return CacheManager(
         BlockPool(shared // BLOCK_BYTES, BLOCK),
-        StatePool(MAX_NUM_SEQS + shared // SLOT_BYTES),
+        StatePool(shared // SLOT_BYTES + (0 if charged else MAX_NUM_SEQS)),
         policy,
         max_checkpoints=shared // SLOT_BYTES,
         copy_block=lambda src, dst: None,
