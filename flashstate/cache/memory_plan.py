@@ -38,7 +38,8 @@ def cache_budget(config: EngineConfig, device: torch.device) -> int:
 @dataclass(frozen=True, slots=True)
 class CachePlan:
     """| < working slots: max_num_seqs > | < checkpoint slots > |   | < KV blocks > |
-    Working slots hold running sequences' states; checkpoint slots are the prefix cache's."""
+    Working slots hold running sequences' states; checkpoint slots are the prefix cache's. With
+    `working_charged` the slots are one pool, each serving either while the charge allows."""
 
     num_blocks: int
     block_size: int
