@@ -496,6 +496,13 @@ class EngineConfig:
             )
         if not self.host_cache_timeout > 0:
             raise ValueError(f"host_cache_timeout must be > 0 seconds, got {self.host_cache_timeout}")
+        if self.reserve_working_slots and not (
+            self.prefix_caching and self.state_cache_fraction is None and self.cache_policy == "flashstate"
+        ):
+            raise ValueError(
+                "reserve_working_slots: only the flashstate policy's shared budget charges working slots "
+                "(prefix caching on, no state_cache_fraction)"
+            )
         if self.host_prefetch and not self.host_inline:
             raise ValueError(
                 "host_prefetch reads ahead what the in-process store would read at admission: it needs "

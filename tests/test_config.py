@@ -30,3 +30,10 @@ def test_mixed_steps_are_graphed_by_default_wherever_decode_steps_are():
     assert EngineConfig(enforce_eager=True, mixed_step_graphs=True).graphs_mixed_steps(graphs=True)
     assert EngineConfig(mixed_step_graphs=True).graphs_mixed_steps(graphs=False)  # padded, eager: for tests
     assert not EngineConfig(mixed_step_graphs=False).graphs_mixed_steps(graphs=True)
+
+
+def test_reserved_working_slots_are_the_flashstate_shared_budgets_alone():
+    for kwargs in ({"cache_policy": "vllm"}, {"state_cache_fraction": 0.5}, {"enable_prefix_caching": False}):
+        with pytest.raises(ValueError, match="reserve_working_slots"):
+            EngineConfig(reserve_working_slots=True, **kwargs)
+    assert EngineConfig(reserve_working_slots=True).reserve_working_slots

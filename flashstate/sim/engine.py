@@ -168,6 +168,7 @@ class SimEngine:
         self.steps = 0
         self.busy_seconds = 0.0
         self._pending_s = 0.0  # the engine thread's time on requests added since the last step (add's)
+        self._first_step_costs = False  # a request added so far has a first-step cost (chat mode)
         # `--step-trace`'s fields, in the order of bench.step_summary.STEP_FIELDS, and its request lines
         self.step_rows: list[tuple] = []
         self.request_rows: list[dict] = []
@@ -193,6 +194,7 @@ class SimEngine:
         seq.hint_positions = sorted({p for p in hint_positions or [] if 0 < p <= len(prompt)})
         self.scheduler.add(seq)
         self._pending_s += engine_seconds
+        self._first_step_costs |= first_step_seconds > 0
         self._requests[id(seq)] = SimRequest(
             seq, on_first_token, on_finish, random.Random(seed), first_step_seconds
         )
@@ -251,6 +253,8 @@ class SimEngine:
 
     def _first_step_seconds(self, batch: ScheduledBatch) -> float:
         """The extra engine time of the requests `batch` runs for the first time."""
+        if not self._first_step_costs:  # token mode: none has any, no walk over the batch
+            return 0.0
         requests = self._requests
         return sum(requests[id(s)].first_step_s for s in batch.seqs if s.stats.first_scheduled_time is None)
 

@@ -31,14 +31,14 @@ ENGINE_SWITCHES = (
     "--reserve-working-slots", "--no-reserve-working-slots",
 )  # fmt: skip
 # defaults that held for a while: (from, until: UTC times as results stamp them, the switch a run made then
-# had by default, its opposite, whether only a run with a host tier had it); the first is added where the
-# command says neither. Read-aheads were on by default from 86c8082 until the H200 measured them
-# (RESULTS.md, "Host hits read ahead while queued"), where a host tier was on; flashstate's working slots
-# were reserved apart from its shared budget until they were charged to it (RESULTS.md, "Working slots
-# charged to the budget").
+# had by default, its opposite, which runs had it: "host" with a host tier, "flashstate" of that policy); the
+# first is added where the command says neither. Read-aheads were on by default from 86c8082 until the H200
+# measured them (RESULTS.md, "Host hits read ahead while queued"); flashstate's working slots were reserved
+# apart from its shared budget until they were charged to it (RESULTS.md, "Working slots charged to the
+# budget").
 OLD_DEFAULTS = (
-    ("2026-12-05T00:00", "2026-12-05T02:30", "--host-prefetch", "--no-host-prefetch", True),
-    ("", "2026-12-05T10:00", "--reserve-working-slots", "--no-reserve-working-slots", False),
+    ("2026-12-05T00:00", "2026-12-05T02:30", "--host-prefetch", "--no-host-prefetch", "host"),
+    ("", "2026-12-05T10:00", "--reserve-working-slots", "--no-reserve-working-slots", "flashstate"),
 )
 COST_METRIC = "flashstate:prefill_cost_coefficient{"
 _TERM = re.compile(r'term="([ab])"')
@@ -76,16 +76,16 @@ def simulate_argv(result: dict[str, Any], profile: str, traces: str | Path) -> l
     if (cost := engine_cost(result)) is not None:
         flags.append(f"--prefill-cost-coefficients {cost[0]!r} {cost[1]!r}")
     flags += [k for k in ENGINE_SWITCHES if k in command]
-    created, tier = result.get("created", ""), {"--host-cache", "--host-cache-bytes"} & set(command)
+    created, policy = result.get("created", ""), server.get("cache_policy") or result["label"]
+    had = {
+        "host": bool({"--host-cache", "--host-cache-bytes"} & set(command)),
+        "flashstate": policy == "flashstate",
+    }
     flags += [
         then
-        for since, until, then, other, tier_only in OLD_DEFAULTS
-        if (tier or not tier_only)
-        and since <= created < until
-        and then not in command
-        and other not in command
+        for since, until, then, other, runs in OLD_DEFAULTS
+        if had[runs] and since <= created < until and then not in command and other not in command
     ]
-    policy = server.get("cache_policy") or result["label"]
     variant = shlex.join([f"{result['label']}={policy}", *server.get("variant_args", [])])
     split = result["workload"].get("split")
     return [
