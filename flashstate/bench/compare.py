@@ -26,7 +26,7 @@ import httpx
 
 from flashstate.bench.cost import Prices
 from flashstate.bench.replay import ReplayConfig, replay
-from flashstate.bench.report import build_result
+from flashstate.bench.report import build_result, write_json
 from flashstate.bench.step_summary import summarize_steps
 from flashstate.bench.workloads import Session
 from flashstate.lifeline import spawn_child
@@ -152,7 +152,10 @@ def run_compare(
 
     With `rounds` > 1 every variant runs once per round, the order reversed each round (A B, B A, A B, ...)
     so that load from outside falls on all of them alike; a variant's result is its first round's, with
-    `rounds` listing every round's summary and cost (report.py takes medians and spreads over them)."""
+    `rounds` listing every round's summary and cost (report.py takes medians and spreads over them).
+    Each variant's first-round result is written to `<out_dir>/result-<name>.json` as soon as it is built,
+    so a compare cut short (a server that fails, a machine taken back) keeps the runs it finished; the
+    report rewrites it whole at the end."""
     if rounds < 1:
         raise ValueError(f"--rounds must be at least 1, got {rounds}")
     runs: dict[str, list[dict[str, Any]]] = {v.name: [] for v in variants}
@@ -173,6 +176,8 @@ def run_compare(
                 "steps": summarize_steps(steps),  # the whole server run, warm-up and drain included
             }
             runs[v.name].append(build_result(run, v.name, workload_info, scale, prices, server))
+            if r == 0:
+                write_json(out_dir / f"result-{v.name}.json", runs[v.name][0])
     results = {}
     for v in variants:
         first = runs[v.name][0]

@@ -69,6 +69,17 @@ def test_bench_compare_one_server_per_policy(tmp_path, trace, monkeypatch, capsy
     assert "Times better than `vllm`" in capsys.readouterr().out
 
 
+def test_a_compare_cut_short_keeps_the_results_it_finished(tmp_path, trace, monkeypatch):
+    monkeypatch.setattr("flashstate.bench.command.ServerSpec", lambda args, timeout: FAKE)
+    out = tmp_path / "cmp"
+    broken = ["--variant", "broken=none --no-such-flag"]  # the fake server refuses it and exits
+    args = ["bench", "compare", "--policies", "flashstate", *broken, "--workload", trace, "--out", str(out)]
+    assert main([*args, *FAST]) != 0
+    doc = json.loads((out / "result-flashstate.json").read_text())
+    assert doc["label"] == "flashstate" and doc["summary"]["requests"] > 0
+    assert not (out / "result-broken.json").exists()
+
+
 def test_bench_stats_prints_the_fit(trace, capsys):
     assert main(["bench", "stats", trace]) == 0
     doc = json.loads(capsys.readouterr().out)
