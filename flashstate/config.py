@@ -379,6 +379,12 @@ class EngineConfig:
         return self.enable_prefix_caching and self.cache_policy != "none"
 
     @property
+    def shared_cache_budget(self) -> bool:
+        """KV blocks and checkpoints trade against one budget: the flashstate policy with prefix caching
+        and no fixed state_cache_fraction split."""
+        return self.prefix_caching and self.state_cache_fraction is None and self.cache_policy == "flashstate"
+
+    @property
     def host_tier(self) -> str | None:
         """The host store in use: host_cache, else memory when host_cache_bytes is set, else None (off)."""
         if self.host_cache is None and self.host_cache_bytes is not None:
@@ -496,9 +502,7 @@ class EngineConfig:
             )
         if not self.host_cache_timeout > 0:
             raise ValueError(f"host_cache_timeout must be > 0 seconds, got {self.host_cache_timeout}")
-        if self.reserve_working_slots and not (
-            self.prefix_caching and self.state_cache_fraction is None and self.cache_policy == "flashstate"
-        ):
+        if self.reserve_working_slots and not self.shared_cache_budget:
             raise ValueError(
                 "reserve_working_slots: only the flashstate policy's shared budget charges working slots "
                 "(prefix caching on, no state_cache_fraction)"

@@ -128,9 +128,7 @@ def _plan(
     hybrid = bool(spec.attention_layer_ids and spec.linear_layer_ids)
     if config.prefix_caching and config.cache_policy == "vllm" and hybrid:
         return _plan_vllm(spec, config, dtype, budget_bytes, block, slot)
-    shared = (
-        config.prefix_caching and config.state_cache_fraction is None and config.cache_policy == "flashstate"
-    )
+    shared = config.shared_cache_budget
     if shared and not physical_limit and not config.reserve_working_slots:
         # each pool over-provisioned to the whole budget (every slot in use is charged, so no more slots
         # than the budget buys); the charge binds
