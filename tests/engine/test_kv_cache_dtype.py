@@ -1,8 +1,9 @@
 """--kv-cache-dtype fp8 through the engine (tiny presets, CPU): prefix hits over an fp8 cache give the
 tokens and logits of the same prompts without hits; against the model-dtype cache, the first greedy token
-agrees and the prompt's logits stay within a stated bound; the plan holds about twice the attention blocks
-for the same bytes (the simulator plans with the same code); the host tier restores fp8 KV exactly, and a
-store written by an fp8 engine is a miss, never a corrupt restore, for an engine with another KV dtype."""
+agrees (or the two are tied within the fp8 error) and the prompt's logits stay within a stated bound; the
+plan holds about twice the attention blocks for the same bytes (the simulator plans with the same code); the
+host tier restores fp8 KV exactly, and a store written by an fp8 engine is a miss, never a corrupt restore,
+for an engine with another KV dtype."""
 
 import random
 
@@ -99,10 +100,13 @@ def test_fp8_against_the_model_dtype_cache(preset, dtype):
             logits = _capture(llm)
             outs = llm.generate(prompts, first)
             runs[kv] = [o.token_ids for o in outs], [logits[o.request_id][0] for o in outs]
-    assert runs["fp8"][0] == runs["auto"][0]
-    for a, b in zip(runs["fp8"][1], runs["auto"][1], strict=True):
+    for got, a, want, b in zip(*runs["fp8"], *runs["auto"], strict=True):
         rel = float((a - b).norm() / b.norm())
         assert 0 < rel <= FP8_LOGITS_REL, rel  # > 0: the cache really is fp8
+        # the greedy token agrees, or the model-dtype logits rank the two within the fp8 error (a
+        # bf16 near-tie: one ulp apart, equal once the fp8 cache moved them)
+        gap = float(b[want[0]] - b[got[0]])
+        assert got == want or gap <= 2 * float((a - b).abs().max()), (got, want, gap)
 
 
 @pytest.mark.parametrize("policy", ["flashstate", "sglang", "none"])
