@@ -108,6 +108,11 @@ class Tokenizer:
         """The texts of the tokens `decode(..., skip_special_tokens=True)` drops."""
         return frozenset(t.content for t in self.backend.get_added_tokens_decoder().values() if t.special)
 
+    @cached_property
+    def special_token_ids(self) -> frozenset[int]:
+        """The ids `decode(..., skip_special_tokens=True)` drops."""
+        return frozenset(i for i, t in self.backend.get_added_tokens_decoder().items() if t.special)
+
     def with_chat_template(self, template: str) -> Tokenizer:
         """This tokenizer rendering chats with `template` (the same backend)."""
         _compile(template)  # a template that does not parse fails here, not on the first request

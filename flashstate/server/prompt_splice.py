@@ -13,9 +13,15 @@ vLLM's) send the ids; this does the same for agents that send text:
              replaced by markers, the template renders, and the text between markers is encoded as
              usual while each marker becomes its generated ids
 
-Invariant: a spliced prompt decodes to exactly the plain rendering (`decode(ids) == text`, checked, as is
-that the marked rendering with the texts put back is the plain rendering); on any mismatch the plain
-tokenization is used. Only the tokenization of spans the model produced changes, never the prompt text.
+Special tokens the model generated inside a reply (a random-weight model samples them; `ignore_eos`
+runs past an end token) are not in its text when the request skipped them, as it does by default: such a
+text is found in the decode that skips them too, and its span keeps them, since the ids the model ran
+are what the next turn's cached path holds.
+
+Invariant: a spliced prompt decodes to exactly the plain rendering once the special tokens hidden in
+remembered spans are left out (`decode(ids) == text`, checked, as is that the marked rendering with the
+texts put back is the plain rendering); on any mismatch the plain tokenization is used. Only the
+tokenization of spans the model produced changes, never the prompt text.
 
 Scope: the cache salt a request's prefix-cache lookups use (tenant and `cache_salt`), so one tenant's
 prompts never tokenize differently because of another's outputs.
@@ -83,41 +89,46 @@ class GeneratedIds:
         self, tokenizer: Tokenizer, scope: str | None, ids: Sequence[int], texts: Iterable[str]
     ) -> int:
         """Remember each of `texts` (the reply's text, content, call arguments) that is the decode of a
-        run of `ids` (the generated tokens; special tokens count as their text). Returns how many."""
+        run of `ids` (the generated tokens): with special tokens as their text, or else without the
+        special tokens (the reply's text skipped them); the run keeps them either way. Returns how many."""
         if self.capacity <= 0 or not ids:
             return 0
         ids = list(ids)
-        full = tokenizer.decode(ids, skip_special_tokens=False)
+        decodes = {skip: tokenizer.decode(ids, skip_special_tokens=skip) for skip in (False, True)}
         done = 0
         for text in dict.fromkeys(t for t in texts if t):
-            span = _token_span(tokenizer, ids, full, text)
-            if span is not None:
-                self.put(scope, text, ids[span[0] : span[1]])
-                done += 1
+            for skip, full in decodes.items():
+                span = _token_span(tokenizer, ids, full, text, skip)
+                if span is not None:
+                    self.put(scope, text, ids[span[0] : span[1]])
+                    done += 1
+                    break
         return done
 
 
-def _token_span(tokenizer: Tokenizer, ids: list[int], full: str, text: str) -> tuple[int, int] | None:
+def _token_span(
+    tokenizer: Tokenizer, ids: list[int], full: str, text: str, skip: bool
+) -> tuple[int, int] | None:
     """[i, j) with decode(ids[i:j]) == text, where `text` starts and ends on token boundaries of `full`
-    (= decode(ids)); None when no occurrence does."""
+    (= decode(ids)); None when no occurrence does. `skip`: the decodes skip special tokens."""
     start = full.find(text)
     for _ in range(MAX_OCCURRENCES):
         if start < 0:
             return None
-        i = _tokens_before(tokenizer, ids, full, start)
-        j = _tokens_before(tokenizer, ids, full, start + len(text))
+        i = _tokens_before(tokenizer, ids, full, start, skip)
+        j = _tokens_before(tokenizer, ids, full, start + len(text), skip)
         if (
             i is not None
             and j is not None
             and j > i
-            and tokenizer.decode(ids[i:j], skip_special_tokens=False) == text
+            and tokenizer.decode(ids[i:j], skip_special_tokens=skip) == text
         ):
             return i, j
         start = full.find(text, start + 1)
     return None
 
 
-def _tokens_before(tokenizer: Tokenizer, ids: list[int], full: str, n: int) -> int | None:
+def _tokens_before(tokenizer: Tokenizer, ids: list[int], full: str, n: int, skip: bool) -> int | None:
     """The fewest k with decode(ids[:k]) == full[:n], found by bisection on the decoded length (which
     grows with k); None when `n` falls inside a token."""
     if n == 0:
@@ -125,11 +136,11 @@ def _tokens_before(tokenizer: Tokenizer, ids: list[int], full: str, n: int) -> i
     lo, hi = 1, len(ids)
     while lo < hi:
         mid = (lo + hi) // 2
-        if len(tokenizer.decode(ids[:mid], skip_special_tokens=False)) >= n:
+        if len(tokenizer.decode(ids[:mid], skip_special_tokens=skip)) >= n:
             hi = mid
         else:
             lo = mid + 1
-    return lo if tokenizer.decode(ids[:lo], skip_special_tokens=False) == full[:n] else None
+    return lo if tokenizer.decode(ids[:lo], skip_special_tokens=skip) == full[:n] else None
 
 
 def splice_prompt(
@@ -180,6 +191,7 @@ def splice_prompt(
     if "".join(spans[p][0] if k % 2 else p for k, p in enumerate(pieces)) != text:
         return None  # the template treats the marker unlike the text (trims it, escapes it, ...)
     ids: list[int] = []
+    shown: list[int] = []  # ids less the special tokens a remembered span's text does not show
     token_ends: list[int] = []
     offset = 0
     for k, piece in enumerate(pieces):
@@ -187,15 +199,26 @@ def splice_prompt(
             span_text, span_ids = spans[piece]
             offset += len(span_text)
             ids += span_ids
+            shown += _shown(tokenizer, span_ids, span_text)
             token_ends += [offset] * len(span_ids)  # no message ends inside a span
         elif piece:
             piece_ids, ends = tokenizer.encode_with_ends(piece)
             ids += piece_ids
+            shown += piece_ids
             token_ends += [offset + e for e in ends]
             offset += len(piece)
-    if tokenizer.decode(ids, skip_special_tokens=False) != text:
+    if tokenizer.decode(shown, skip_special_tokens=False) != text:
         return None  # e.g. a tokenizer that adds a prefix space to each piece it encodes
     return ids, message_positions(token_ends, char_ends)
+
+
+def _shown(tokenizer: Tokenizer, ids: list[int], text: str) -> list[int]:
+    """A remembered span's ids as its text shows them: all, or without the special tokens when the text
+    was found in the decode that skips them (GeneratedIds.remember_output)."""
+    if tokenizer.decode(ids, skip_special_tokens=False) == text:
+        return ids
+    hidden = tokenizer.special_token_ids
+    return [i for i in ids if i not in hidden]
 
 
 def _marked_call(call: Any, mark) -> Any:

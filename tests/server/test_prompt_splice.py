@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from flashstate.default_tokenizer import IM_START_ID
 from flashstate.server.prompt_splice import ENTRY_OVERHEAD, GeneratedIds
 from flashstate.server.protocol import ChatCompletionRequest
 from flashstate.server.serving_chat import render_chat
@@ -104,6 +105,41 @@ def test_splicing_keeps_the_second_turn_on_the_cached_path(turns, name):
     assert t["tokenized"][: frontier + 1] == t["prompt"] + t["generated"]
 
 
+HIDDEN_OUT = 24
+
+
+@pytest.fixture(scope="module")
+def hidden_special(module_tmp) -> dict:
+    """A reply that holds a special token its text does not show (sampled from a few ids and
+    <|im_start|>, which `skip_special_tokens` drops, as a random-weight model or `ignore_eos` gives),
+    then the second turn re-sending that text."""
+    with running_servers(module_tmp, {"hidden": ARGS}) as servers:
+        server = servers["hidden"]
+        allowed = [*range(300, 304), IM_START_ID]
+        sampled = {"temperature": 1.0, "seed": 7, "allowed_token_ids": allowed, "return_token_ids": True}
+        reply = chat(server, FIRST, max_tokens=HIDDEN_OUT, **sampled)
+        choice = reply["choices"][0]
+        text, generated = choice["message"]["content"], choice["token_ids"]
+        second = [*FIRST, {"role": "assistant", "content": text}, {"role": "user", "content": "And more?"}]
+        return {
+            "prompt_tokens": reply["usage"]["prompt_tokens"],
+            "text": text,
+            "generated": generated,
+            "usage": chat(server, second)["usage"],
+            "tokenized": tokenize(server, messages=second),
+            "prompt": tokenize(server, messages=FIRST),
+        }
+
+
+def test_a_reply_with_hidden_special_tokens_is_spliced(hidden_special):
+    t = hidden_special
+    assert len(t["generated"]) == HIDDEN_OUT and IM_START_ID in t["generated"]
+    assert "<|im_start|>" not in t["text"]  # skipped in the reply's text
+    frontier = t["prompt_tokens"] + HIDDEN_OUT - 1
+    assert t["usage"]["prompt_tokens_details"]["cached_tokens"] >= frontier
+    assert t["tokenized"][: frontier + 1] == t["prompt"] + t["generated"]
+
+
 def test_without_splicing_the_second_turn_caches_less(turns):
     t = turns["off"]
     frontier = len(t["prompt"]) + len(t["generated"]) - 1
@@ -176,6 +212,24 @@ def test_content_the_template_changes_is_not_spliced(tokenizer):
     ids, _ = render_chat(tokenizer, req, memory)
     assert ids != render_chat(tokenizer, req)[0]
     assert tokenizer.decode(ids, False) == tokenizer.apply_chat_template(messages)
+
+
+def test_a_span_keeps_the_special_tokens_its_text_skips(tokenizer):
+    piece = tokenizer.encode(" reply", add_special_tokens=False)
+    generated = [*piece, IM_START_ID, *piece]
+    text = tokenizer.decode(generated)  # skips <|im_start|>
+    assert text == " reply reply"
+    memory = GeneratedIds(1 << 20)
+    assert memory.remember_output(tokenizer, None, generated, [text]) == 1
+    assert memory.get(None, text) == generated
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": text}]
+    req = ChatCompletionRequest.model_validate({"messages": messages})
+    ids, _ = render_chat(tokenizer, req, memory)
+    at = next(k for k in range(len(ids)) if ids[k : k + len(generated)] == generated)
+    # the prompt's text is the plain rendering, once the hidden token is left out
+    hidden = at + generated.index(IM_START_ID)
+    plain = tokenizer.apply_chat_template(messages)
+    assert tokenizer.decode(ids[:hidden] + ids[hidden + 1 :], False) == plain
 
 
 def test_only_texts_on_token_boundaries_are_remembered(tokenizer):
