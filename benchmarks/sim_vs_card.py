@@ -7,7 +7,8 @@ traces are set side by side over the whole run:
   queue over time, and the engine thread's seconds in the host tier's calls, in all and by call;
 - the prefix cache's evictions by reason;
 - how the profile's step model prices the card's steps (sim/fit.py's step_model_error);
-- the requests both ran, matched by session and turn: their prompts' lengths and the later turns' misses;
+- the requests both ran, matched by session and turn: their prompts' lengths, the later turns' misses, and
+  where each continuation resumed (the previous turn's frontier, its prompt's end, or before it);
 - the requests, by where they resumed (host restore, GPU hit, cold: under half the prompt cached): how long
   they waited to be admitted (p50 / p90), their time from arrival to first token on the server (p50 / p90);
   for host restores, how many had their state read before admission (read ahead while queued) and when the
@@ -173,6 +174,8 @@ def matched(card: dict[str, Any], sim: dict[str, Any]) -> tuple[dict, dict]:
     later = [k for k in common if k[1] > 0]
     uncached = [[r[k]["prompt_tokens"] - (r[k]["cached_tokens"] or 0) for k in later] for r in (c, s)]
     longer = [s[k]["prompt_tokens"] - c[k]["prompt_tokens"] for k in common]
+    resumed = [{k: w for k in common if (w := _resumed(r, k)) is not None} for r in (c, s)]
+    both = set(resumed[0]) & set(resumed[1])
     rows = [
         {
             "matched: requests": len(common),
@@ -180,9 +183,35 @@ def matched(card: dict[str, Any], sim: dict[str, Any]) -> tuple[dict, dict]:
             "matched: later turns' uncached tokens, all": sum(uncached[side]),
             "matched: later turns' uncached tokens, median": _pct(uncached[side], 50),
         }
+        | {
+            f"matched continuations: {where}": sum(resumed[side][k] == where for k in both)
+            for where in RESUMED
+        }
+        | {
+            "matched continuations: short on the card, at the frontier simulated": None
+            if side
+            else sum(resumed[0][k] != RESUMED[0] and resumed[1][k] == RESUMED[0] for k in both)
+        }
         for side in (0, 1)
     ]
     return rows[0], rows[1]
+
+
+# Where a continuation (a turn that re-sent its whole context) resumed on the cached path: at the previous
+# turn's frontier (its prompt + output - 1, less a block), at that turn's prompt end (a chat turn whose
+# reasoning was not re-sent), or before it (evicted, or the previous turn left nothing to resume from).
+RESUMED = ("at the previous turn's frontier", "at its prompt's end", "before it")
+BLOCK = 16
+
+
+def _resumed(turns: dict[tuple, dict[str, Any]], key: tuple) -> str | None:
+    r, prev = turns[key], turns.get((key[0], key[1] - 1, key[2]))
+    if r.get("frontier") is None or prev is None:
+        return None
+    cached = r["cached_tokens"] or 0
+    if cached >= r["frontier"] - BLOCK:
+        return RESUMED[0]
+    return RESUMED[1] if cached >= prev["prompt_tokens"] - 1 - BLOCK else RESUMED[2]
 
 
 def _fmt(v: float | None) -> str:

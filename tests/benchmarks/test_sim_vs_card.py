@@ -35,6 +35,13 @@ def test_the_card_and_its_simulation_side_by_side(traces, tmp_path):
     assert cells["host: requests"][:2] == ["0", "0"] and cells["host-tier calls (s)"][:2] == ["–", "0"]
     assert cells["host: read before admission"][:2] == ["0", "0"]
     assert cells["states exported per step with prefill"][1] != "–"  # the simulator's rows count them
+    # every continuation both ran resumed somewhere, on each side
+    resumed = [k for k in cells if k.startswith("matched continuations: ") and "short" not in k]
+    assert len(resumed) == 3
+    totals = [sum(int(cells[k][side].replace(",", "")) for k in resumed) for side in (0, 1)]
+    assert totals[0] == totals[1] > 0
+    short = int(cells["matched continuations: short on the card, at the frontier simulated"][0])
+    assert 0 <= short <= totals[0]
 
 
 def test_a_run_without_a_step_trace_is_refused(tmp_path):
