@@ -67,6 +67,16 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
         "engine's model against the recorded arrivals, without the drift of a closed loop",
     )
     sim.add_argument(
+        "--chat-unspliced-per-token",
+        type=float,
+        default=0.0,
+        metavar="Q",
+        help="chat mode: a reply of L tokens comes back re-tokenized (not as its generated ids) with chance "
+        "1 - (1 - Q)^L, so the next turn leaves the cached path at its first token, as on a server before "
+        "85d4391 for replies holding a special token their text hid (a replay of such a run passes the "
+        "default tokenizer's share, 3/2048); default 0",
+    )
+    sim.add_argument(
         "--step-trace",
         action="store_true",
         help="write each run's step trace as `bench compare` keeps the server's (steps-<label>.jsonl.gz in "

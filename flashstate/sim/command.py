@@ -98,11 +98,12 @@ def simulate(
     step_trace: Path | None = None,
     send_times: dict[tuple[str, int], float] | None = None,
     noise_seed: int = 0,
+    unspliced_per_token: float = 0.0,
 ) -> tuple[Any, dict[str, Any]]:
     """One simulated run: (ReplayResult, facts about the simulation for the result's `server`); with
     `step_trace`, the first engine's step rows and request lines written there (gzipped JSON lines); with
     `send_times` ((session, turn) -> seconds), each turn sent when a recorded run sent it (SimReplay);
-    `noise_seed` seeds the steps' noise where the profile has some."""
+    `noise_seed` seeds the steps' noise where the profile has some; `unspliced_per_token`: SimReplay's."""
     loop = EventLoop()
     engines = make_engines(profile, config, replay.num_gpus, loop, model, noise_seed)
     if replay.max_context is None:
@@ -110,7 +111,9 @@ def simulate(
     source = SessionSource(sessions, replay.seed, replay.max_sessions)
     t0 = time.process_time()
     overhead = profile.request_overhead_for(replay.mode)
-    run = SimReplay(replay, engines, loop, source, overhead, profile.chat, send_times).run()
+    run = SimReplay(
+        replay, engines, loop, source, overhead, profile.chat, send_times, unspliced_per_token
+    ).run()
     run.model = model or profile.model
     rows = [dict(zip(STEP_FIELDS, r, strict=True)) for r in engines[0].step_rows]
     if engines[0].host is None:  # as the engine's trace: host_ms only beside a host tier
@@ -175,6 +178,8 @@ def _run(args: argparse.Namespace) -> int:
         )
         raise ValueError(f"--step-noise-seed: nothing to seed ({why})")
     seed = args.step_noise_seed or 0
+    if not 0 <= args.chat_unspliced_per_token < 1:
+        raise ValueError(f"--chat-unspliced-per-token must be in [0, 1), got {args.chat_unspliced_per_token}")
     variants = parse_variants(args.policies, args.variant or [])
     names = [v.name for v in variants]
     reference = args.reference or ("vllm" if "vllm" in names else names[-1])
@@ -195,7 +200,8 @@ def _run(args: argparse.Namespace) -> int:
         print(f"== {v.name}: simulating on {profile.name}", file=sys.stderr)
         trace = out / f"steps-{v.name}.jsonl.gz" if args.step_trace else None
         run, facts = simulate(
-            profile, configs[v.name], replay, workload(), args.model, trace, send_times, seed
+            profile, configs[v.name], replay, workload(), args.model, trace, send_times, seed,
+            args.chat_unspliced_per_token,
         )
         server = {
             "command": ["flashstate", "simulate", *sys.argv[2:]] if sys.argv[1:2] == ["simulate"] else None,

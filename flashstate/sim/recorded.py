@@ -16,6 +16,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from flashstate.default_tokenizer import DEFAULT_SPECIAL_TOKENS, DEFAULT_VOCAB_SIZE
 from flashstate.sim.replay import session_key
 
 # the serve flags of a recorded command that shape the engine (the rest: where it ran, what it logged), with
@@ -40,6 +41,10 @@ OLD_DEFAULTS = (
     ("2026-12-05T00:00", "2026-12-05T02:30", "--host-prefetch", "--no-host-prefetch", "host"),
     ("", "2026-12-05T10:00", "--reserve-working-slots", "--no-reserve-working-slots", "flashstate"),
 )
+# until 85d4391 the server re-tokenized a re-sent reply holding a special token its text hid (the
+# random-weight presets sample the default tokenizer's ids, 3 of them special): a chat run of then replays so
+UNSPLICED_UNTIL = "2026-12-06T03:03:11"
+UNSPLICED_PER_TOKEN = len(DEFAULT_SPECIAL_TOKENS) / DEFAULT_VOCAB_SIZE
 COST_METRIC = "flashstate:prefill_cost_coefficient{"
 _TERM = re.compile(r'term="([ab])"')
 METRICS = {
@@ -69,7 +74,8 @@ def simulate_argv(result: dict[str, Any], profile: str, traces: str | Path) -> l
     label (`flashstate-host` stays that), the engine flags and switches its server command had (and a default
     of the run's time that is no longer one), the prefill cost its engine priced its cache with (the card's
     calibration, not the profile's: which states stay depends on it), the run's time (the engine's costs
-    then, where the profile dates them), and the replay's seed, agents, windows, scale and trace half."""
+    then, where the profile dates them; a chat run's unspliced replies before 85d4391), and the replay's
+    seed, agents, windows, scale and trace half."""
     r, server = result["replay"], result["server"]
     command = server["command"]
     flags = [f"{k} {command[command.index(k) + 1]}" for k in ENGINE_FLAGS if k in command]
@@ -88,6 +94,8 @@ def simulate_argv(result: dict[str, Any], profile: str, traces: str | Path) -> l
     ]
     variant = shlex.join([f"{result['label']}={policy}", *server.get("variant_args", [])])
     split = result["workload"].get("split")
+    mode = r.get("mode", "completions")
+    unspliced = mode == "chat" and created < UNSPLICED_UNTIL
     return [
         "simulate", *(["--trace-split", split] if split else []), "--profile", profile,
         "--workload", str(traces), "--policies", "", "--variant", variant,
@@ -95,7 +103,8 @@ def simulate_argv(result: dict[str, Any], profile: str, traces: str | Path) -> l
         "--warmup", str(r["warmup_s"]), "--duration", str(r["duration_s"]), "--drain", str(r["drain_s"]),
         "--length-scale", str(r["length_scale"]), "--max-context", str(r["max_context"]),
         "--time-scale", str(r["time_scale"]), "--max-think-time", str(r["max_think_s"]),
-        "--max-output-tokens", str(r["max_output_tokens"]), "--mode", r.get("mode", "completions"),
+        "--max-output-tokens", str(r["max_output_tokens"]), "--mode", mode,
+        *(["--chat-unspliced-per-token", repr(UNSPLICED_PER_TOKEN)] if unspliced else []),
         *(["--engine-as-of", created] if created else []), "--no-progress",
     ]  # fmt: skip
 

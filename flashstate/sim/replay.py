@@ -9,7 +9,10 @@ Differences from a measured run, by construction:
     unchanged) and for the engine thread's share in rendering and tokenizing it; of an
     answer the trace marks `thinking`, the first `chat_thinking_share` of the generated ids stands for
     the reasoning and is not re-sent (bench/chat.py cuts the text the same way), so the next prompt
-    leaves the previous turn's path at its prompt's end, as it does through a chat template;
+    leaves the previous turn's path at its prompt's end, as it does through a chat template; with
+    `unspliced_per_token` q, a reply of L tokens comes back as other ids with chance 1 − (1 − q)^L and the
+    next prompt leaves the path at its first token (a recorded run's server before 85d4391 re-tokenized a
+    reply holding a special token its text hid: 3 of the default tokenizer's 2,048 ids);
   - several engines: a top-level session and its sub-agents go to one engine (session affinity, by a
     stable hash of the draw-unique session id).
 """
@@ -95,8 +98,11 @@ class SimReplay:
         overhead: Callable[[int], float] | None = None,
         chat: ChatCosts | None = None,
         send_times: dict[tuple[str, int], float] | None = None,
+        unspliced_per_token: float = 0.0,
     ):
         self.config = config
+        # chat mode: the chance per reply token that the next turn re-sends the reply as other ids
+        self.unspliced_per_token = unspliced_per_token
         # (session, turn) -> when a recorded run sent it: sent then, or when its previous turn ends if later
         self.send_times = send_times
         self.overhead = overhead  # prompt tokens → seconds from send to the engine (None: none)
@@ -170,6 +176,14 @@ class SimReplay:
         given for it."""
         sent = None if self.send_times is None else self.send_times.get((session_key(sid), turn))
         return self._think(think_s) if sent is None else max(0.0, sent - self.loop.now)
+
+    def _unspliced(self, sid: str, turn: int, length: int) -> bool:
+        """Whether the reply of `length` tokens to the session's turn comes back re-tokenized, not as the
+        ids the engine generated (a fixed draw per session and turn, so every policy sees the same)."""
+        if self.unspliced_per_token <= 0:
+            return False
+        chance = 1 - (1 - self.unspliced_per_token) ** length
+        return random.Random(_stable_seed("unspliced", self.config.seed, sid, turn)).random() < chance
 
     def _stop(self) -> None:
         if self.stopped is None:
@@ -312,6 +326,8 @@ class SimReplay:
             output = done.output
             if cfg.mode == "chat" and "thinking" in req.output_types:
                 output = output[int(len(output) * cfg.chat_thinking_share) :]
+            if cfg.mode == "chat" and self._unspliced(sid, k, len(done.output)):
+                output = [(i + 1) % 256 for i in output]  # every id differs: off the path at its first
             context.append(Segment("assistant", output))
             pending = [self._sub(lane, s, scope, sid, depth, rec) for s in req.subagents]
             prev = req

@@ -20,6 +20,7 @@ def run(
     serve_args: list[str] | None = None,
     decode_runs: bool = True,
     profile: str | None = None,
+    unspliced_per_token: float = 0.0,
     **replay,
 ) -> tuple[ReplayResult, list[SimEngine]]:
     profile = load_profile(profile)
@@ -31,7 +32,10 @@ def run(
         e.decode_runs = decode_runs
     cfg = replace(cfg, max_context=engines[0].max_model_len)
     source = SessionSource(sessions, cfg.seed, cfg.max_sessions)
-    result = SimReplay(cfg, engines, loop, source, profile.request_overhead_for(cfg.mode), profile.chat).run()
+    overhead = profile.request_overhead_for(cfg.mode)
+    result = SimReplay(
+        cfg, engines, loop, source, overhead, profile.chat, unspliced_per_token=unspliced_per_token
+    ).run()
     return result, engines
 
 
