@@ -9,7 +9,10 @@
 #   bash benchmarks/gpu/detached.sh status NAME         # running, or its exit status; the log's last lines
 #
 # DETACHED (default /tmp/detached) holds NAME.log, NAME.pid and, once it ends, NAME.rc. Leave the wait's
-# SECONDS well inside the command's limit, and copy what the job wrote into $OUT in the same command.
+# SECONDS well inside the command's limit, and copy what the job wrote into $OUT in the same command. The
+# limit is the call's timeout or the device time left after the machine's start, whichever is less, and a
+# command stopped at it copies nothing more: near the end of the budget let the job write under $OUT itself
+# (what is there when the command is stopped still comes back).
 # The job inherits the environment of the command that starts it (source device_env.sh first). It runs in a
 # copy of the working tree made at its start, $DETACHED/NAME.tree (all but .git and .venv), since every later
 # command re-copies the tree it was started from: a job run there lost the ignored .traces midway.
