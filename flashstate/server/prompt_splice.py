@@ -94,11 +94,13 @@ class GeneratedIds:
         if self.capacity <= 0 or not ids:
             return 0
         ids = list(ids)
-        decodes = {skip: tokenizer.decode(ids, skip_special_tokens=skip) for skip in (False, True)}
+        decodes: dict[bool, str] = {}  # skip_special_tokens -> decode(ids), the second only when needed
         done = 0
         for text in dict.fromkeys(t for t in texts if t):
-            for skip, full in decodes.items():
-                span = _token_span(tokenizer, ids, full, text, skip)
+            for skip in (False, True):
+                if skip not in decodes:
+                    decodes[skip] = tokenizer.decode(ids, skip_special_tokens=skip)
+                span = _token_span(tokenizer, ids, decodes[skip], text, skip)
                 if span is not None:
                     self.put(scope, text, ids[span[0] : span[1]])
                     done += 1
@@ -214,10 +216,11 @@ def splice_prompt(
 
 def _shown(tokenizer: Tokenizer, ids: list[int], text: str) -> list[int]:
     """A remembered span's ids as its text shows them: all, or without the special tokens when the text
-    was found in the decode that skips them (GeneratedIds.remember_output)."""
-    if tokenizer.decode(ids, skip_special_tokens=False) == text:
-        return ids
+    was found in the decode that skips them (GeneratedIds.remember_output). Decodes only a span that
+    holds a special token: every chat prompt re-renders its history's spans."""
     hidden = tokenizer.special_token_ids
+    if hidden.isdisjoint(ids) or tokenizer.decode(ids, skip_special_tokens=False) == text:
+        return ids
     return [i for i in ids if i not in hidden]
 
 
