@@ -180,6 +180,8 @@ def _run(args: argparse.Namespace) -> int:
     seed = args.step_noise_seed or 0
     if not 0 <= args.chat_unspliced_per_token < 1:
         raise ValueError(f"--chat-unspliced-per-token must be in [0, 1), got {args.chat_unspliced_per_token}")
+    if args.chat_unspliced_per_token and args.mode != "chat":
+        raise ValueError("--chat-unspliced-per-token needs --mode chat (token prompts re-send their ids)")
     variants = parse_variants(args.policies, args.variant or [])
     names = [v.name for v in variants]
     reference = args.reference or ("vllm" if "vllm" in names else names[-1])

@@ -121,6 +121,8 @@ def test_bad_input_is_one_line(tmp_path, capsys):
         (["--reference", "sglang"], "--reference"),
         (["--serve-args", "--max-num-seqs zero"], "--serve-args"),
         (["--workload", str(tmp_path / "missing")], "missing"),
+        (["--chat-unspliced-per-token", "1"], "[0, 1)"),
+        (["--chat-unspliced-per-token", "0.001"], "needs --mode chat"),
     ):
         assert main(["simulate", "--out", str(tmp_path / "o"), *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
