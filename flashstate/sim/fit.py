@@ -29,9 +29,10 @@ A request's overhead outside the engine (profile "request") is fitted from the s
 each client record is paired with the server's request line of the same prompt and cached length (pairs
 unique on both sides), and the client's TTFT less the server's (arrival to first token) is fitted as
 overhead_s + overhead_per_token_s · prompt tokens, leaving out the slowest 5% (stalls: a compile, a
-collection), which the model does not stand for. From chat-mode runs, the profile's "chat" section too
-(fit_chat_costs): the tokens the server's template adds to the text sent, and the engine thread's time per
-prompt token that a chat request costs while the server renders and tokenizes it.
+collection, and the most crowded arrivals): the cost of a request prepared alone, which a chat replay
+shares among the prompts prepared at once (sim/shared_cpu.py). From chat-mode runs, the profile's "chat"
+section too (fit_chat_costs): the tokens the server's template adds to the text sent, and the engine
+thread's time per prompt token that a chat request costs while the server renders and tokenizes it.
 """
 
 from __future__ import annotations
@@ -68,9 +69,11 @@ def read_request_lines(path: Path) -> list[dict[str, Any]]:
 OVERHEAD_KEPT = 0.95  # the share of paired requests the overhead fit keeps (the fastest)
 
 
-def fit_request_overhead(server: list[dict[str, Any]], client: list[dict[str, Any]]) -> dict[str, Any]:
-    """{"overhead_s", "overhead_per_token_s", "pairs"} from a run's server request lines and its bench
-    result's request records (module docstring); ValueError when fewer than 20 pair up."""
+def pair_requests(
+    server: list[dict[str, Any]], client: list[dict[str, Any]]
+) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(client record, server request line) of the same prompt and cached length, where that pair of
+    lengths occurs once on each side."""
 
     def key(r: dict[str, Any]) -> tuple[int, int]:
         return r["prompt_tokens"], r["cached_tokens"]
@@ -86,7 +89,20 @@ def fit_request_overhead(server: list[dict[str, Any]], client: list[dict[str, An
     for r in client:
         match = by_key.get(key(r), ())
         if counts[key(r)] == 1 and len(match) == 1:  # the same sizes twice on either side: ambiguous
-            pairs.append((r["prompt_tokens"], r["ttft"] - (match[0]["first_token"] - match[0]["arrival"])))
+            pairs.append((r, match[0]))
+    return pairs
+
+
+def outside_engine_s(pair: tuple[dict[str, Any], dict[str, Any]]) -> float:
+    """A paired request's TTFT at the client less its server's (arrival to first token)."""
+    c, s = pair
+    return c["ttft"] - (s["first_token"] - s["arrival"])
+
+
+def fit_request_overhead(server: list[dict[str, Any]], client: list[dict[str, Any]]) -> dict[str, Any]:
+    """{"overhead_s", "overhead_per_token_s", "pairs"} from a run's server request lines and its bench
+    result's request records (module docstring); ValueError when fewer than 20 pair up."""
+    pairs = [(c["prompt_tokens"], outside_engine_s((c, s))) for c, s in pair_requests(server, client)]
     if len(pairs) < 20:
         raise ValueError(f"only {len(pairs)} requests pair up between the traces and the results")
     tokens, extra = np.array(pairs, dtype=float).T

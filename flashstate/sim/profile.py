@@ -16,8 +16,10 @@
                 tokens in all: base_s + per_seq_s·B + per_token_s·T,
      "request": {"overhead_s", "overhead_per_token_s"}   (optional, 0) the time a request spends outside
                 the engine between the client's send and its first token (HTTP, the prompt's JSON, the
-                server's event loop): overhead_s + overhead_per_token_s · prompt tokens; the simulated
-                request reaches its engine that long after it is sent; "chat_overhead_s",
+                server's event loop): overhead_s + overhead_per_token_s · prompt tokens when it is
+                alone; the simulated request reaches its engine that long after it is sent (in chat
+                mode, its per-token part shared with the other chat prompts its server prepares at
+                once: sim/shared_cpu.py); "chat_overhead_s",
                 "chat_overhead_per_token_s" (optional, both or neither): the same for a chat-mode replay,
                 whose server also renders the chat template and tokenizes the text (the token-mode terms
                 where absent),

@@ -3,7 +3,9 @@ think times, window, drain and records, against SimEngines instead of a server.
 
 Differences from a measured run, by construction:
   - TTFT and e2e are engine times (queue + steps) plus the profile's request overhead (HTTP, the
-    prompt's JSON, the server's event loop), by which a request reaches its engine after it is sent;
+    prompt's JSON, the server's event loop, its template and tokenizer), by which a request reaches its
+    engine after it is sent; in chat mode the part that grows with the prompt runs on a CPU its server's
+    chat requests share (sim/shared_cpu.py), so prompts sent together arrive later than one sent alone;
   - chat mode sends token prompts with checkpoint hints at segment ends; the profile's chat costs stand for
     the server's template (tokens added to each message, fixed per segment so a later turn re-sends them
     unchanged) and for the engine thread's share in rendering and tokenizing it; of an
@@ -22,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import random
 import re
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -34,7 +36,8 @@ from flashstate.bench.workloads import Session
 from flashstate.engine.scheduler import RequestTooLargeError
 from flashstate.sim.engine import SimEngine
 from flashstate.sim.events import EventLoop, Join, Process, Sleep, Wait
-from flashstate.sim.profile import ChatCosts
+from flashstate.sim.profile import ChatCosts, RequestOverhead
+from flashstate.sim.shared_cpu import SharedCPU
 
 
 class ByteBlockTokens(BlockTokens):
@@ -95,7 +98,7 @@ class SimReplay:
         engines: list[SimEngine],
         loop: EventLoop,
         source: SessionSource,
-        overhead: Callable[[int], float] | None = None,
+        overhead: RequestOverhead | None = None,
         chat: ChatCosts | None = None,
         send_times: dict[tuple[str, int], float] | None = None,
         unspliced_per_token: float = 0.0,
@@ -105,10 +108,11 @@ class SimReplay:
         self.unspliced_per_token = unspliced_per_token
         # (session, turn) -> when a recorded run sent it: sent then, or when its previous turn ends if later
         self.send_times = send_times
-        self.overhead = overhead  # prompt tokens → seconds from send to the engine (None: none)
+        self.overhead = overhead  # a request's time from its send to its engine (None: none)
         self.chat = chat or ChatCosts()  # chat mode's template tokens and engine-thread time
         self.engines = engines
         self.loop = loop
+        self._cpus = [SharedCPU(loop) for _ in engines]  # each engine's server prepares its requests
         self.source = source
         self._builders: dict[int, PromptBuilder] = {}
         self.requests: list[RequestRecord] = []
@@ -271,6 +275,13 @@ class SimReplay:
             self._kick(e)
 
         self._inflight += 1  # from its send: one on its way to the engine counts
+        if self.overhead is not None and hints is not None:
+            # a chat prompt: the fixed part, then the prompt's part on its server's CPU, shared with the
+            # other chat prompts there (the template and the splice run under the interpreter lock; a
+            # token-mode prompt's part is not shared: on the card runs it does not grow with the crowd)
+            work = self.overhead.per_token_s * len(prompt)
+            self.loop.at(self.loop.now + self.overhead.base_s, lambda: self._cpus[e].submit(work, arrive))
+            return
         delay = self.overhead(len(prompt)) if self.overhead is not None else 0.0
         if delay > 0:
             self.loop.at(self.loop.now + delay, arrive)

@@ -1,6 +1,7 @@
 """A request's time outside the engine (HTTP, the prompt's JSON, the server's event loop): the profile's
-`request` overhead delays its arrival at the simulated engine, and `fit-profile --results` fits it from a
-run's client records paired with its server's request lines."""
+`request` overhead delays its arrival at the simulated engine (its per-token part shared by the prompts its
+server prepares at once), and `fit-profile --results` fits it from a run's client records paired with its
+server's request lines."""
 
 import gzip
 import json
@@ -10,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from flashstate.cli import main
+from flashstate.sim.events import EventLoop
 from flashstate.sim.fit import fit_request_overhead
 from flashstate.sim.profile import PROFILES_DIR, load_profile
+from flashstate.sim.shared_cpu import SharedCPU
 
 from .helpers import growing, run
 
@@ -35,6 +38,44 @@ def test_a_lone_requests_ttft_grows_by_the_profiles_overhead(tmp_path):
     assert b.prompt_tokens == a.prompt_tokens == 1000
     assert b.ttft - a.ttft == pytest.approx(0.02 + 1e-6 * 1000)
     assert b.e2e - a.e2e == pytest.approx(0.02 + 1e-6 * 1000)
+
+
+def test_chat_prompts_sent_together_share_their_servers_cpu(tmp_path):
+    # Two agents send the same chat prompt at once: the fixed part delays each alone, the per-token part
+    # (template and splice, under the server's interpreter lock) is prepared side by side, each at half
+    # speed, so both reach the engine after twice their own work; token-mode prompts are not shared.
+    path = _profile_with_overhead(tmp_path, 0.02, 1e-5)
+    sessions = [growing("a", 1, first=1000, step=0), growing("b", 1, first=1000, step=0)]
+    flags = ["--kv-cache-memory-bytes", "4G"]
+    served = "h200-qwen3-next-2b-served"
+    for mode, share in (("chat", 2), ("completions", 1)):
+        plain, _ = run(sessions, "flashstate", flags, profile=served, agents=2, mode=mode)
+        slow, _ = run(sessions, "flashstate", flags, profile=path, agents=2, mode=mode)
+        assert [r.t_send for r in slow.requests] == [0.0, 0.0]
+        (n,) = {r.prompt_tokens for r in slow.requests}
+        before = sorted(r.ttft for r in plain.requests)
+        after = sorted(r.ttft for r in slow.requests)
+        assert after == pytest.approx([t + 0.02 + share * 1e-5 * n for t in before]), mode
+
+
+def test_shared_cpu_gives_each_unfinished_item_an_equal_share():
+    loop = EventLoop()
+    cpu = SharedCPU(loop)
+    done: dict[str, float] = {}
+
+    def submit(name: str, work: float) -> None:
+        cpu.submit(work, lambda: done.setdefault(name, loop.now))
+
+    submit("short", 1.0)
+    submit("long", 3.0)
+    loop.at(0.5, lambda: submit("late", 1.0))
+    loop.at(10.0, lambda: submit("alone", 1.0))
+    loop.at(20.0, lambda: submit("none", 0.0))  # no work: done at once
+    loop.run(lambda: None)
+    # 0-0.5 s: two at 1/2 (0.25 each done); then three at 1/3: short's 0.75 left ends at 2.75 s, when late
+    # and long have 0.25 and 2.0 left; two at 1/2: late ends at 3.25 s; long's 1.75 left alone: 5.0 s
+    assert done == pytest.approx({"short": 2.75, "late": 3.25, "long": 5.0, "alone": 11.0, "none": 20.0})
+    assert cpu.busy == 0
 
 
 def test_the_fit_recovers_the_overhead_from_paired_records():
