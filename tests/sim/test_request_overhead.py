@@ -1,7 +1,7 @@
 """A request's time outside the engine (HTTP, the prompt's JSON, the server's event loop): the profile's
-`request` overhead delays its arrival at the simulated engine (its per-token part shared by the prompts its
-server prepares at once), and `fit-profile --results` fits it from a run's client records paired with its
-server's request lines."""
+`request` overhead delays its arrival at the simulated engine (a chat prompt's per-token part shared with the
+chat prompts its server prepares at once), and `fit-profile --results` fits it from a run's client records
+paired with its server's request lines."""
 
 import gzip
 import json
