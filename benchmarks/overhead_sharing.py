@@ -79,14 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         for path in result_files(run):
             result = read_result(path)
             label = result["label"]
-            steps = next(
-                (
-                    run / f"steps-{label}.jsonl{z}"
-                    for z in (".gz", "")
-                    if (run / f"steps-{label}.jsonl{z}").exists()
-                ),
-                None,
-            )
+            steps = next(run.glob(f"steps-{label}.jsonl*"), None)  # as sim_vs_card.py finds it
             if steps is None:
                 print(f"{run}: no step trace for {label}", file=sys.stderr)
                 continue

@@ -175,7 +175,7 @@ def test_the_tune_profile_with_chat_costs_predicts_the_chat_run(traces, tmp_path
     """flashstate + 64G host tier, chat mode, 17G (2026-12-04), on the tune profile whose chat costs (template
     tokens, the engine thread's time per chat prompt token and per chat request admitted) were fitted on the
     chat runs of 2026-12-03, replaying the replies its server did not splice (sim/recorded.py): hit rate,
-    uncached p50, throughput and TTFT p50 within 15%; p90 not (RESULTS.md: the noise seeds' median -23%)."""
+    uncached p50, throughput and TTFT p50 within 15%; p90 not (RESULTS.md: the noise seeds' median -16%)."""
     run = RESULTS / "card-2026-12-04" / "chat-17G-flashstate-host"
     got, _ = _predicted(run, TUNE_PROFILE, tmp_path, traces)
     _assert_close(got, _result(run)["summary"], "output TPM", "uncached p50", "TTFT p50")
