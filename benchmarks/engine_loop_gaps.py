@@ -3,9 +3,10 @@ step trace, the loop's time after each step (the next step's `gap_ms`, sim/fit.p
 requests that reached the engine while that step ran (their count and prompt tokens: AsyncEngine drains them
 from its inbox into LLMEngine.add before it steps again), fitted as gap = k + a · requests + b · tokens.
 
-The simulator prices steps from their spans (`fit-profile`), so this time lies outside its step model; in a
-chat-mode replay the engine thread's share of a render (`chat.engine_per_token_s`) is charged to the step
-after an arrival instead (benchmarks/RESULTS.md, "The engine loop after arrivals").
+The simulator prices steps from their spans (`fit-profile`) and charges nothing between them, but for the
+host tier's lookups (to the next step) and, in chat mode, the engine thread's share of a prompt's rendering
+(`chat.engine_per_token_s`, to the step after its arrival): benchmarks/RESULTS.md, "The engine loop after
+arrivals".
 
     R=benchmarks/results
     PYTHONPATH=. python benchmarks/engine_loop_gaps.py $R/card-2026-12-04/chat-17G-flashstate-host \\
