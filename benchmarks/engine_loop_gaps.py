@@ -37,25 +37,26 @@ def facts(steps: list[dict[str, Any]], requests: list[dict[str, Any]]) -> dict[s
         if i >= 0 and r["arrival"] <= steps[i]["t"] + steps[i]["ms"] / 1e3:  # not in a gap
             arrived[i] += 1
             tokens[i] += r["prompt_tokens"]
-    # the loop after step i is step i + 1's gap (0 where step i left nothing running or waiting)
-    after = np.array([s["gap_ms"] for s in steps[1:]] + [0.0])
-    x = np.stack([np.ones(len(steps)), arrived, tokens / 1e4], axis=1)
-    k, a, b = np.linalg.lstsq(x[:-1], after[:-1], rcond=None)[0]
-    one = arrived[:-1] == 1
+    # the loop after step i is step i + 1's gap (0 where step i left nothing running or waiting); the last
+    # step has none
+    after = np.array([s["gap_ms"] for s in steps[1:]])
+    arrived, tokens = arrived[:-1], tokens[:-1]
+    x = np.stack([np.ones(len(after)), arrived, tokens / 1e4], axis=1)
+    k, a, b = np.linalg.lstsq(x, after, rcond=None)[0]
+    one, more = arrived == 1, arrived >= 2
+    nan = float("nan")
     return {
         "steps": len(steps),
         "loop, % of spans": 100 * loop_share(steps),
-        "after no arrival: mean (ms)": float(after[:-1][arrived[:-1] == 0].mean()),
-        "after one: mean (ms)": float(after[:-1][one].mean()) if one.any() else float("nan"),
-        "after two or more: mean (ms)": float(after[:-1][arrived[:-1] >= 2].mean())
-        if (arrived[:-1] >= 2).any()
-        else float("nan"),
+        "after no arrival: mean (ms)": float(after[arrived == 0].mean()),
+        "after one: mean (ms)": float(after[one].mean()) if one.any() else nan,
+        "after two or more: mean (ms)": float(after[more].mean()) if more.any() else nan,
         "k (ms)": float(k),
         "a: per request (ms)": float(a),
         "b: per 10k tokens (ms)": float(b),
-        "one arrival: corr(gap, tokens)": float(np.corrcoef(after[:-1][one], tokens[:-1][one])[0, 1])
+        "one arrival: corr(gap, tokens)": float(np.corrcoef(after[one], tokens[one])[0, 1])
         if one.sum() > 2
-        else float("nan"),
+        else nan,
     }
 
 
