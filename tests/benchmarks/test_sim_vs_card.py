@@ -1,6 +1,8 @@
 """benchmarks/sim_vs_card.py on a recorded card run: the run simulated with its own flags and a step trace,
 and the two traces' engine and request figures side by side."""
 
+import numpy as np
+
 from flashstate.bench.step_summary import read_trace
 
 from .scripts import ROOT, run_script
@@ -42,6 +44,10 @@ def test_the_card_and_its_simulation_side_by_side(traces, tmp_path):
     assert totals[0] == totals[1] > 0
     short = int(cells["matched continuations: short on the card, at the frontier simulated"][0])
     assert 0 <= short <= totals[0]
+    # the card stamps an admission inside its step's scheduling; the wait runs to that step's start
+    cold = [r for r in card_requests if 2 * r["cached_tokens"] < r["prompt_tokens"] and r.get("first_token")]
+    stamped = float(np.percentile([r["admitted"] - r["arrival"] for r in cold], 50))
+    assert 0 < float(cells["cold: admission wait p50 (s)"][0]) < stamped
 
 
 def test_a_run_without_a_step_trace_is_refused(tmp_path):
