@@ -18,14 +18,13 @@ Prints a markdown table, a row per step trace.
 from __future__ import annotations
 
 import argparse
-import bisect
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from flashstate.sim.fit import loop_share, read_request_lines, read_steps
+from flashstate.sim.fit import holding_step, loop_share, read_request_lines, read_steps
 
 
 def facts(steps: list[dict[str, Any]], requests: list[dict[str, Any]]) -> dict[str, float]:
@@ -33,8 +32,8 @@ def facts(steps: list[dict[str, Any]], requests: list[dict[str, Any]]) -> dict[s
     arrived = np.zeros(len(steps))
     tokens = np.zeros(len(steps))
     for r in requests:
-        i = bisect.bisect_right(starts, r["arrival"]) - 1
-        if i >= 0 and r["arrival"] <= steps[i]["t"] + steps[i]["ms"] / 1e3:  # not in a gap
+        i = holding_step(steps, starts, r["arrival"])
+        if i >= 0:  # not in a gap
             arrived[i] += 1
             tokens[i] += r["prompt_tokens"]
     # the loop after step i is step i + 1's gap (0 where step i left nothing running or waiting); the last

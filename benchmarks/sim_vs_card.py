@@ -26,7 +26,6 @@ Prints a markdown table (card, simulated, simulated / card − 1); writes it to 
 from __future__ import annotations
 
 import argparse
-import bisect
 import contextlib
 import io
 import sys
@@ -38,7 +37,14 @@ import numpy as np
 from flashstate.bench.report import read_result, result_files
 from flashstate.bench.step_summary import read_trace
 from flashstate.cli import main as flashstate
-from flashstate.sim.fit import STAMP_S, loop_share, step_model_error, with_events, with_gaps
+from flashstate.sim.fit import (
+    STAMP_S,
+    holding_step,
+    loop_share,
+    step_model_error,
+    with_events,
+    with_gaps,
+)
 from flashstate.sim.profile import Profile, load_profile
 from flashstate.sim.recorded import simulate_argv
 from flashstate.sim.replay import session_key
@@ -89,9 +95,8 @@ def request_facts(rows: list[dict[str, Any]], requests: list[dict[str, Any]]) ->
     def waited(r: dict[str, Any]) -> float:
         """Arrival to the start of the step whose call [t, t + ms) holds its admission stamp (to the stamp
         where no step does: one in the loop between steps)."""
-        i = bisect.bisect_right(starts, r["admitted"] + STAMP_S) - 1
-        inside = i >= 0 and r["admitted"] <= starts[i] + rows[i]["ms"] / 1e3 + STAMP_S
-        return (min(starts[i], r["admitted"]) if inside else r["admitted"]) - r["arrival"]
+        i = holding_step(rows, starts, r["admitted"], STAMP_S)
+        return (min(starts[i], r["admitted"]) if i >= 0 else r["admitted"]) - r["arrival"]
 
     out: dict[str, float | None] = {}
     for kind in ("host", "gpu", "cold"):

@@ -163,6 +163,14 @@ def with_events(rows: list[dict[str, Any]], requests: list[dict[str, Any]]) -> l
     return rows
 
 
+def holding_step(rows: list[dict[str, Any]], starts: list[float], t: float, slack: float = 0.0) -> int:
+    """The index of the step row whose call [start, start + ms] holds time `t` (to within `slack` at either
+    end), or -1 where none does: before the first step, or in the engine loop between two. `starts`: the
+    rows' `t`, ascending."""
+    i = bisect.bisect_right(starts, t + slack) - 1
+    return i if i >= 0 and t <= starts[i] + rows[i]["ms"] / 1e3 + slack else -1
+
+
 def with_gaps(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Sets each of one trace's step `rows` its `gap_ms`: the engine loop's time from the end of the row
     before to its own start, where that row left requests running or waiting (else the loop may have idled:

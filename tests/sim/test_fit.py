@@ -5,7 +5,7 @@ import pytest
 
 from flashstate.bench.step_summary import STEP_FIELDS
 from flashstate.cli import main
-from flashstate.sim.fit import fit_noise, fit_steps, read_steps
+from flashstate.sim.fit import fit_noise, fit_steps, holding_step, read_steps
 from flashstate.sim.profile import DEFAULT_PROFILE, PROFILES_DIR, ProfileError, load_profile
 
 from .helpers import growing, run
@@ -220,3 +220,13 @@ def test_the_steps_noise_comes_back(tmp_path):
     assert main(["fit-profile", str(trace), "--out", str(tmp_path / "fitted.json")]) == 0
     fitted = load_profile(str(tmp_path / "fitted.json")).noise
     assert fitted.decode_sd == pytest.approx(0.2, rel=0.25) and fitted.prefill_sd > 0
+
+
+def test_a_time_is_held_by_the_step_whose_call_spans_it_and_by_none_in_the_loop_between():
+    rows = [{"t": 1.0, "ms": 100.0}, {"t": 1.2, "ms": 50.0}]  # calls [1.0, 1.1] and [1.2, 1.25]
+    starts = [r["t"] for r in rows]
+    assert [holding_step(rows, starts, t) for t in (0.9, 1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3)] == [
+        -1, 0, 0, 0, -1, 1, 1, -1,
+    ]
+    assert holding_step(rows, starts, 1.101, slack=0.002) == 0  # a stamp rounded past the call's end
+    assert holding_step(rows, starts, 0.999, slack=0.002) == 0
