@@ -9,12 +9,12 @@ traces are set side by side over the whole run:
 - how the profile's step model prices the card's steps (sim/fit.py's step_model_error);
 - the requests both ran, matched by session and turn: their prompts' lengths, the later turns' misses, and
   where each continuation resumed (the previous turn's frontier, its prompt's end, or before it);
-- the requests, by where they resumed (host restore, GPU hit, cold: under half the prompt cached): how long
-  they waited to be admitted (p50 / p90; to the start of the step that admitted them, since the card stamps
-  an admission inside that step's scheduling and the simulator at its start), their time from arrival to
-  first token on the server (p50 / p90); for host restores, how many had their state read before admission
-  (read ahead while queued) and when the read landed after arrival (p50 / p90); how many mostly-cached ones
-  waited over 0.2 s; how long a request stayed from admission to its end.
+- the requests, by where they resumed (cold: under half the prompt cached; else a host restore or a GPU
+  hit): how long they waited to be admitted (p50 / p90; to the start of the step that admitted them, since
+  the card stamps an admission inside that step's scheduling and the simulator at its start), their time from
+  arrival to first token on the server (p50 / p90); for host restores, how many had their state read before
+  admission (read ahead while queued) and when the read landed after arrival (p50 / p90); how many
+  mostly-cached ones waited over 0.2 s; how long a request stayed from admission to its end.
 
     C=benchmarks/results/card-2026-12-04
     PYTHONPATH=. python benchmarks/sim_vs_card.py $C/tune-0.5-flashstate-host \\
@@ -57,9 +57,11 @@ def _pct(xs: list[float], q: float) -> float | None:
 
 
 def _kind(r: dict[str, Any]) -> str:
-    if r.get("fetched") is not None:
-        return "host"
-    return "gpu" if 2 * r["cached_tokens"] >= r["prompt_tokens"] else "cold"
+    """Cold when under half its prompt was cached, wherever the cached part came from (a restore that brings
+    back a third of a long prompt queues as a miss does); else a host restore or a GPU hit."""
+    if 2 * r["cached_tokens"] < r["prompt_tokens"]:
+        return "cold"
+    return "host" if r.get("fetched") is not None else "gpu"
 
 
 def traced(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

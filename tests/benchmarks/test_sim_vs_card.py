@@ -50,6 +50,22 @@ def test_the_card_and_its_simulation_side_by_side(traces, tmp_path):
     assert 0 < float(cells["cold: admission wait p50 (s)"][0]) < stamped
 
 
+def test_a_restore_of_a_mostly_new_prompt_counts_as_cold(traces, tmp_path):
+    run = ROOT / "benchmarks/results/card-2026-12-06/h100-chat-17G-flashstate-host"
+    done = _script(
+        str(run), "--profile", "h200-qwen3-next-2b-tune", "--traces", str(traces), "--out", str(tmp_path)
+    )
+    assert done.returncode == 0, done.stderr
+    cells = _cells((tmp_path / "vs.md").read_text())
+    _, requests = read_trace(run / "steps-flashstate-host.jsonl.gz")
+    answered = [r for r in requests if r.get("first_token") is not None]
+    mostly_new = [r for r in answered if 2 * r["cached_tokens"] < r["prompt_tokens"]]
+    restored = [r for r in answered if r.get("fetched") is not None]
+    assert any(r in mostly_new for r in restored)  # this run restored some prompts' smaller part
+    assert int(cells["cold: requests"][0]) == len(mostly_new)
+    assert int(cells["host: requests"][0]) == sum(r not in mostly_new for r in restored)
+
+
 def test_a_run_without_a_step_trace_is_refused(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
