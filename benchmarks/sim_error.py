@@ -5,7 +5,9 @@ with its own workload, trace half, engine flags and policy (flashstate/sim/recor
 --step-cost-scale. The prediction is the median over the seeds at the profile's step costs; the spread spans
 every replay. A card run whose figure lies outside the simulator's error bound but inside that spread sits
 where the figure is not stable (a cliff, or a tail set by a few requests), not where the model misses a
-cost.
+cost. The card's band is the measured figure's own 5th–95th percentile over the run's agents drawn again with
+replacement (flashstate/bench/resample.py): a simulated figure inside it is as close as the run's sessions
+let one card run tell.
 
     PYTHONPATH=. python benchmarks/sim_error.py benchmarks/results/card-2026-12-04/validate-1.0-vllm \\
         --profile h200-qwen3-next-2b-tune --traces /path/to/traces/claude-code --out bench-results/sim-error
@@ -23,6 +25,7 @@ import sys
 from pathlib import Path
 
 from flashstate.bench.report import read_result, result_files
+from flashstate.bench.resample import session_bands
 from flashstate.cli import main as flashstate
 from flashstate.sim.profile import NO_STEP_NOISE, load_profile
 from flashstate.sim.recorded import METRICS, error, median_summary, simulate_argv
@@ -52,6 +55,10 @@ def _err(name: str, e: float | None) -> str:
     if e is None:
         return "–"
     return f"{e * 100:+.1f} pt" if name == "hit rate" else f"{e:+.0%}"
+
+
+def _span(name: str, span: tuple[float, float] | None) -> str:
+    return "–" if span is None else f"{_fmt(name, span[0])} – {_fmt(name, span[1])}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,34 +99,36 @@ def main(argv: list[str] | None = None) -> int:
             card = {name: pick(measured["summary"]) for name, pick in METRICS.items()}
             predicted = median_summary([simulated[1.0, seed] for seed in seeds])
             errors = error(predicted, measured["summary"])
+            bands = session_bands(measured, METRICS)
             for name, pick in METRICS.items():
                 values = [v for s in simulated.values() if (v := pick(s)) is not None]
                 span = (min(values), max(values)) if values else None
                 inside = None if span is None or card[name] is None else span[0] <= card[name] <= span[1]
+                band, sim = bands[name], pick(predicted)
+                in_band = None if band is None or sim is None else band[0] <= sim <= band[1]
                 rows.append({
                     "run": str(run), "label": label, "metric": name, "card": card[name],
-                    "simulated": pick(predicted), "error": errors[name], "spread": span,
-                    "card_inside_spread": inside,
+                    "simulated": sim, "error": errors[name], "spread": span,
+                    "card_inside_spread": inside, "card_band": band, "simulated_inside_band": in_band,
                 })  # fmt: skip
     scales = ", ".join(f"{s:g}" for s in args.scales)
     lines = [
         f"Profile {args.profile}; simulated: the median over {len(seeds)} noise seed(s) at the profile's "
         f"step costs; error = simulated / measured − 1; spread: the simulated figure over the seeds at step "
-        f"costs × {scales}.",
+        f"costs × {scales}; card's band: the measured figure's 5th–95th percentile over its agents drawn "
+        f"again.",
         "",
-        "| run | label | metric | card | simulated | error | spread | card inside |",
-        "|---|---|---|---:|---:|---:|---|---|",
+        "| run | label | metric | card | simulated | error | spread | card inside | card's band | "
+        "simulated inside |",
+        "|---|---|---|---:|---:|---:|---|---|---|---|",
     ]
+    yes_no = {None: "–", True: "yes", False: "no"}
     for r in rows:
-        span = (
-            "–"
-            if r["spread"] is None
-            else f"{_fmt(r['metric'], r['spread'][0])} – {_fmt(r['metric'], r['spread'][1])}"
-        )
-        inside = {None: "–", True: "yes", False: "no"}[r["card_inside_spread"]]
+        span, band = (_span(r["metric"], r[k]) for k in ("spread", "card_band"))
         lines.append(
             f"| {Path(r['run']).name} | {r['label']} | {r['metric']} | {_fmt(r['metric'], r['card'])} | "
-            f"{_fmt(r['metric'], r['simulated'])} | {_err(r['metric'], r['error'])} | {span} | {inside} |"
+            f"{_fmt(r['metric'], r['simulated'])} | {_err(r['metric'], r['error'])} | {span} | "
+            f"{yes_no[r['card_inside_spread']]} | {band} | {yes_no[r['simulated_inside_band']]} |"
         )
     out.mkdir(parents=True, exist_ok=True)
     (out / "errors.json").write_text(

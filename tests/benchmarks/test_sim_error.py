@@ -1,5 +1,6 @@
 """benchmarks/sim_error.py on a recorded card run: each result replayed with its own flags at each step-cost
-scale, the error read at the profile's own costs, the spread over the scales."""
+scale, the error read at the profile's own costs, the spread over the scales, the card's band over its
+agents."""
 
 import json
 
@@ -23,6 +24,8 @@ def test_the_error_and_its_spread_over_step_costs(traces, tmp_path):
         assert r["label"] == "vllm" and r["spread"][0] <= r["simulated"] <= r["spread"][1]
         limit = 0.05 if name == "hit rate" else 0.15  # this run's error on the tune profile (RESULTS.md)
         assert abs(r["error"]) <= limit, r
+        lo, hi = r["card_band"]  # the card's figure over its agents drawn again
+        assert lo <= hi and r["simulated_inside_band"] == (lo <= r["simulated"] <= hi)
     assert rows["output TPM"]["spread"][0] < rows["output TPM"]["spread"][1]  # slower steps, fewer tokens
     assert "| validate-0.5-vllm | vllm | TTFT p90 |" in (tmp_path / "errors.md").read_text()
 
