@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from flashstate.bench.metrics import RequestRecord, SessionRecord
+from flashstate.bench.metrics import RequestRecord, SessionRecord, agent_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +49,7 @@ def cost_view(
     completed = [s for s in sessions if s.complete and s.t_start >= start and s.t_end <= end]
     by_session: dict[str, float] = {}
     for r in ok:
-        top = r.session.split("/", 1)[0]
+        top = agent_of(r.session)
         by_session[top] = by_session.get(top, 0.0) + prices.bill(r)
     revenue = sum(prices.bill(r) for r in inside)
     bills = [by_session.get(s.session, 0.0) for s in completed]

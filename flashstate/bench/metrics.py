@@ -85,6 +85,12 @@ class SessionRecord:
         return asdict(self)
 
 
+def agent_of(session: str) -> str:
+    """The top-level session a request or session record belongs to ("<trace id>#<draw>", sub-agents'
+    "<...>/<agent id>" under it)."""
+    return session.split("/", 1)[0]
+
+
 def percentiles(values: list[float], ps: tuple[int, ...] = (50, 90, 99)) -> dict[str, float | None]:
     if not values:
         return {f"p{p}": None for p in ps}

@@ -18,13 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from flashstate.bench.metrics import RequestRecord, SessionRecord, summarize
-
-
-def agent_of(session: str) -> str:
-    """The top-level session a request or session record belongs to ("<trace id>#<draw>", sub-agents'
-    "<...>/<agent id>" under it)."""
-    return session.split("/", 1)[0]
+from flashstate.bench.metrics import RequestRecord, SessionRecord, agent_of, summarize
 
 
 def session_draws(result: dict[str, Any], draws: int = 1000, seed: int = 0) -> list[dict[str, Any]]:

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from flashstate.bench.config import ReplayConfig
-from flashstate.bench.metrics import RequestRecord, SessionRecord
+from flashstate.bench.metrics import RequestRecord, SessionRecord, agent_of
 from flashstate.bench.prompts import BlockTokens, PromptBuilder, Segment, context_len, scaled
 from flashstate.bench.replay import ReplayResult, SessionSource, count_requests
 from flashstate.bench.workloads import Session
@@ -87,8 +87,7 @@ def route(sid: str, num_engines: int) -> int:
     """Session affinity: the engine of a top-level session (and its sub-agents)."""
     if num_engines == 1:
         return 0
-    top = sid.split("/", 1)[0]
-    return _stable_seed(top) % num_engines
+    return _stable_seed(agent_of(sid)) % num_engines
 
 
 class SimReplay:

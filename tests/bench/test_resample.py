@@ -3,7 +3,7 @@ turns and sub-agents, read over the run's own window."""
 
 from pathlib import Path
 
-from flashstate.bench.metrics import RequestRecord, SessionRecord
+from flashstate.bench.metrics import RequestRecord, SessionRecord, agent_of
 from flashstate.bench.report import read_result
 from flashstate.bench.resample import session_bands, session_draws
 from flashstate.sim.recorded import METRICS
@@ -20,7 +20,7 @@ def _request(session: str, t_send: float, ttft: float) -> dict:
 
 
 def _result(requests: list[dict]) -> dict:
-    agents = sorted({r["session"].split("/")[0] for r in requests})
+    agents = sorted({agent_of(r["session"]) for r in requests})
     sessions = [SessionRecord(lane=0, session=a, turns=1, t_start=0.0).as_dict() for a in agents]
     return {"timeline": {"window": [10.0, 100.0]}, "replay": {}, "requests": requests, "sessions": sessions}
 
