@@ -8,6 +8,13 @@ and completed agents against the fraction; curves (one plot per metric) and a ta
     PYTHONPATH=. python benchmarks/sim_scale_study.py --agents 48 --fractions 0.25 0.5 0.75 1 1.5 \
         --length-scale 0.25 --max-context 65536 --time-scale 0.05 --max-think-time 5 \
         --max-output-tokens 512 --warmup 15 --duration 270 --ramp 15 --trace-split tune --out DIR
+    # the ablation at real size, each cache mechanism alone (asc-only: any-position checkpoints with LRU
+    # eviction; gds-aligned: cost-aware eviction with block-aligned checkpoints), on a card run's flags:
+    PYTHONPATH=. python benchmarks/sim_scale_study.py --agents 48 --fractions 0.1 0.15 0.25 0.5 \
+        --policies asc-only gds-aligned flashstate flashstate-host --profile PROFILE.json \
+        --serve-args '--max-num-batched-tokens 8192 --reserve-working-slots' --noise-seeds 5 \
+        --max-context 262144 --time-scale 0.05 --max-think-time 5 --max-output-tokens 512 \
+        --warmup 240 --duration 240 --ramp 0 --out DIR
 
 Working set W(N) (flashstate/bench/working_set.py, `flashstate bench working-set`) = N × (mean over trace
 sessions of the peak prompt + output at the replay's scale, in KV bytes, + one recurrent state): what N
@@ -47,8 +54,13 @@ from flashstate.sim.working_set import working_set
 from flashstate.spec.hf_config import spec_of
 
 POLICIES = ("flashstate", "vllm", "sglang", "none")
-# a variant: its cache policy and serve flags (--host-cache-bytes sets the host tier's size)
-VARIANTS = {"flashstate-host": ("flashstate", ["--host-cache", "memory"])}
+# a variant: its cache policy and serve flags (--host-cache-bytes sets a host tier's size); asc-only and
+# gds-aligned are the ablation's (headline.sh ablation): each of flashstate's two cache mechanisms alone
+VARIANTS = {
+    "flashstate-host": ("flashstate", ["--host-cache", "memory"]),
+    "asc-only": ("flashstate", ["--prefix-cache-eviction", "lru"]),
+    "gds-aligned": ("flashstate", ["--mamba-checkpoint-placement", "aligned"]),
+}
 NAMES = (*POLICIES, *VARIANTS)
 TRACES = os.environ.get("FLASHSTATE_TRACES", "/work/shared/traces/claude-code")
 
@@ -60,6 +72,19 @@ FULL_LENGTH = {"length_scale": 1.0, "max_context": None, "time_scale": 1.0, "max
                "max_output_tokens": None}  # fmt: skip
 
 
+def serve_flags(job: dict[str, Any]) -> tuple[str, list[str]]:
+    """A run's cache policy and serve flags: its engine's share of the budget, max_num_seqs, the variant's
+    flags (a host tier's with its size and host_args), then serve_args."""
+    flags = ["--kv-cache-memory-bytes", str(int(job["budget"]) // job.get("gpus", 1))]
+    if job.get("max_num_seqs"):
+        flags += ["--max-num-seqs", str(job["max_num_seqs"])]
+    policy, variant_flags = VARIANTS.get(job["policy"], (job["policy"], []))
+    if "--host-cache" in variant_flags:
+        variant_flags = [*variant_flags, "--host-cache-bytes", str(job["host_cache_bytes"])]
+        variant_flags += job.get("host_args", [])
+    return policy, [*flags, *variant_flags, *job.get("serve_args", [])]
+
+
 def one_run(job: dict[str, Any]) -> dict[str, Any]:
     """One simulated run. `job`: agents, budget, policy, profile, warmup, duration, ramp, seed; optional
     traces (default TRACES), split, scale (default full length), gpus, max_num_seqs, serve_args."""
@@ -67,14 +92,8 @@ def one_run(job: dict[str, Any]) -> dict[str, Any]:
     sessions = load_workload(traces, "auto", None, None, job.get("split"))
     profile = load_profile(job["profile"])
     gpus = job.get("gpus", 1)  # engines behind session-affinity routing, each with its share of the budget
-    flags = ["--kv-cache-memory-bytes", str(int(job["budget"]) // gpus)]
-    if job.get("max_num_seqs"):
-        flags += ["--max-num-seqs", str(job["max_num_seqs"])]
-    policy, variant_flags = VARIANTS.get(job["policy"], (job["policy"], []))
-    if variant_flags:
-        variant_flags = [*variant_flags, "--host-cache-bytes", str(job["host_cache_bytes"])]
-        variant_flags += job.get("host_args", [])
-    config = engine_config(profile, flags + variant_flags + list(job.get("serve_args", [])), policy)
+    policy, flags = serve_flags(job)
+    config = engine_config(profile, flags, policy)
     scale = job.get("scale", FULL_LENGTH)
     replay = ReplayConfig(
         base_url=f"sim://{profile.name}",
@@ -97,6 +116,7 @@ def one_run(job: dict[str, Any]) -> dict[str, Any]:
     )  # fmt: skip
     s, stats = result["summary"], facts["cache_stats"][0]
     return job | {
+        "serve_flags": flags,
         "hit_rate": s["token_hit_rate"],
         "ttft_p50": s["ttft_s"]["p50"],
         "ttft_p90": s["ttft_s"]["p90"],
@@ -261,6 +281,12 @@ def main() -> int:
         "--host-args", default="", help="more serve flags for flashstate-host, e.g. '--no-host-prefetch'"
     )
     p.add_argument("--profile", default=None)
+    p.add_argument(
+        "--serve-args",
+        default="",
+        help="serve flags for every run (after the budget's), e.g. a card run's "
+        "'--max-num-seqs 48 --prefill-cost-coefficients A B'",
+    )
     p.add_argument("--warmup", type=float, default=1800.0, help="simulated seconds before the window")
     p.add_argument("--duration", type=float, default=7200.0, help="simulated seconds measured")
     p.add_argument("--ramp", type=float, default=600.0, help="lane start stagger (simulated s)")
@@ -329,6 +355,7 @@ def main() -> int:
                         "policy": policy,
                         "host_cache_bytes": args.host_cache_bytes or "64G",
                         "host_args": shlex.split(args.host_args),
+                        "serve_args": shlex.split(args.serve_args),
                         "profile": args.profile,
                         "warmup": args.warmup,
                         "duration": args.duration,

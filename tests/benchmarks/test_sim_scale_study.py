@@ -64,3 +64,31 @@ def test_a_point_is_the_median_of_its_noise_seeds(tmp_path, traces):
         low, high = row["spread"][key]
         assert low <= row[key] <= high
     assert row["spread"]["ttft_p50"][0] < row["spread"]["ttft_p50"][1]  # the seeds ran apart
+
+
+def test_the_ablation_runs_each_mechanism_alone_on_the_given_serve_flags(tmp_path, traces):
+    """asc-only and gds-aligned run flashstate with one of its two cache mechanisms swapped out, a host
+    tier only where the variant has one, and --serve-args on every run."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg", "FLASHSTATE_TRACES": str(traces)}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/sim_scale_study.py"), "--agents", "4", "--fractions", "0.5",
+         "--policies", "asc-only", "gds-aligned", "flashstate-host", "--profile", "h200-qwen3-next-2b-tune",
+         "--serve-args=--max-num-seqs 4 --reserve-working-slots", "--host-cache-bytes", "1G", "--warmup", "5",
+         "--duration", "30", "--ramp", "2", "--length-scale", "0.05", "--max-context", "16384",
+         "--time-scale", "0.05", "--max-think-time", "2", "--max-output-tokens", "64", "--jobs", "1",
+         "--out", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = {r["policy"]: r for r in json.loads((tmp_path / "scale.json").read_text())["rows"]}
+    assert set(rows) == {"asc-only", "gds-aligned", "flashstate-host"}
+    flags = {policy: " ".join(row["serve_flags"]) for policy, row in rows.items()}
+    assert "--prefix-cache-eviction lru" in flags["asc-only"]
+    assert "--mamba-checkpoint-placement aligned" in flags["gds-aligned"]
+    assert "--host-cache memory --host-cache-bytes 1G" in flags["flashstate-host"]
+    assert not any("--host-cache" in flags[p] for p in ("asc-only", "gds-aligned"))
+    for row in rows.values():
+        assert row["serve_flags"][-1] == "--reserve-working-slots"
+        assert row["cache_plan"].startswith("cache: 4 working state slots")
+        assert row["requests"] > 0
+    assert "| gds-aligned |" in done.stdout
