@@ -14,7 +14,7 @@ and completed agents against the fraction; curves (one plot per metric) and a ta
         --policies asc-only gds-aligned flashstate flashstate-host --profile PROFILE.json \
         --serve-args '--max-num-batched-tokens 8192 --reserve-working-slots' --noise-seeds 5 \
         --max-context 262144 --time-scale 0.05 --max-think-time 5 --max-output-tokens 512 \
-        --warmup 240 --duration 240 --ramp 0 --out DIR
+        --warmup 240 --duration 240 --ramp 0 --drain 10 --out DIR
 
 Working set W(N) (flashstate/bench/working_set.py, `flashstate bench working-set`) = N × (mean over trace
 sessions of the peak prompt + output at the replay's scale, in KV bytes, + one recurrent state): what N
@@ -65,6 +65,8 @@ NAMES = (*POLICIES, *VARIANTS)
 TRACES = os.environ.get("FLASHSTATE_TRACES", "/work/shared/traces/claude-code")
 
 
+DRAIN_S = ReplayConfig().drain_s  # the replay's default
+
 SCALE_KEYS = ("length_scale", "max_context", "time_scale", "max_think_s", "max_output_tokens")
 
 
@@ -101,6 +103,7 @@ def one_run(job: dict[str, Any]) -> dict[str, Any]:
         warmup_s=job["warmup"],
         duration_s=job["duration"],
         ramp_s=job["ramp"],
+        drain_s=job.get("drain", DRAIN_S),
         seed=job["seed"],
         progress=False,
         num_gpus=gpus,
@@ -290,6 +293,12 @@ def main() -> int:
     p.add_argument("--warmup", type=float, default=1800.0, help="simulated seconds before the window")
     p.add_argument("--duration", type=float, default=7200.0, help="simulated seconds measured")
     p.add_argument("--ramp", type=float, default=600.0, help="lane start stagger (simulated s)")
+    p.add_argument(
+        "--drain",
+        type=float,
+        default=DRAIN_S,
+        help="simulated s the window's unfinished requests get after it (a card run's DRAIN)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--noise-seeds",
@@ -360,6 +369,7 @@ def main() -> int:
                         "warmup": args.warmup,
                         "duration": args.duration,
                         "ramp": args.ramp,
+                        "drain": args.drain,
                         "seed": args.seed,
                         "scale": scale,
                         "split": args.trace_split,

@@ -74,8 +74,8 @@ def test_the_ablation_runs_each_mechanism_alone_on_the_given_serve_flags(tmp_pat
         [sys.executable, str(ROOT / "benchmarks/sim_scale_study.py"), "--agents", "4", "--fractions", "0.5",
          "--policies", "asc-only", "gds-aligned", "flashstate-host", "--profile", "h200-qwen3-next-2b-tune",
          "--serve-args=--max-num-seqs 4 --reserve-working-slots", "--host-cache-bytes", "1G", "--warmup", "5",
-         "--duration", "30", "--ramp", "2", "--length-scale", "0.05", "--max-context", "16384",
-         "--time-scale", "0.05", "--max-think-time", "2", "--max-output-tokens", "64", "--jobs", "1",
+         "--duration", "30", "--ramp", "2", "--drain", "5", "--length-scale", "0.05", "--max-context",
+         "16384", "--time-scale", "0.05", "--max-think-time", "2", "--max-output-tokens", "64", "--jobs", "1",
          "--out", str(tmp_path)],
         env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -90,5 +90,5 @@ def test_the_ablation_runs_each_mechanism_alone_on_the_given_serve_flags(tmp_pat
     for row in rows.values():
         assert row["serve_flags"][-1] == "--reserve-working-slots"
         assert row["cache_plan"].startswith("cache: 4 working state slots")
-        assert row["requests"] > 0
+        assert row["requests"] > 0 and row["drain"] == 5
     assert "| gds-aligned |" in done.stdout
