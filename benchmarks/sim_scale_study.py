@@ -22,10 +22,10 @@ agents hold at once when each sits at its typical peak. Budget = fraction × W(N
 --kv-cache-memory-bytes (it also holds the engine's max_num_seqs working states, as on the GPU).
 
 Each run: N lanes, lanes started over `--ramp` s, `--warmup` s of warm-up, then `--duration` s measured
-(simulated); sessions are redrawn when one ends (a repeated session gets fresh content). On a profile with
-step noise, `--noise-seeds K` runs each point at noise seeds 0..K-1 and reports each figure's median (the
-seeds' range in the row's `spread`). Traces come from
-FLASHSTATE_TRACES (default /work/shared/traces/claude-code) and are never copied.
+and `--drain` s for the window's unfinished requests (simulated); sessions are redrawn when one ends (a
+repeated session gets fresh content). On a profile with step noise, `--noise-seeds K` runs each point at
+noise seeds 0..K-1 and reports each figure's median (the seeds' range in the row's `spread`). Traces come
+from FLASHSTATE_TRACES (default /work/shared/traces/claude-code) and are never copied.
 """
 
 from __future__ import annotations
@@ -63,8 +63,6 @@ VARIANTS = {
 }
 NAMES = (*POLICIES, *VARIANTS)
 TRACES = os.environ.get("FLASHSTATE_TRACES", "/work/shared/traces/claude-code")
-
-
 DRAIN_S = ReplayConfig().drain_s  # the replay's default
 
 SCALE_KEYS = ("length_scale", "max_context", "time_scale", "max_think_s", "max_output_tokens")
@@ -89,7 +87,7 @@ def serve_flags(job: dict[str, Any]) -> tuple[str, list[str]]:
 
 def one_run(job: dict[str, Any]) -> dict[str, Any]:
     """One simulated run. `job`: agents, budget, policy, profile, warmup, duration, ramp, seed; optional
-    traces (default TRACES), split, scale (default full length), gpus, max_num_seqs, serve_args."""
+    traces (default TRACES), split, scale (default full length), gpus, max_num_seqs, serve_args, drain."""
     traces = job.get("traces", TRACES)
     sessions = load_workload(traces, "auto", None, None, job.get("split"))
     profile = load_profile(job["profile"])
