@@ -62,6 +62,10 @@ VARIANTS = {
     "gds-aligned": ("flashstate", ["--mamba-checkpoint-placement", "aligned"]),
 }
 NAMES = (*POLICIES, *VARIANTS)
+# serve flags the study sets per run (the budget, the variants'), which --serve-args may not overrule
+STUDY_FLAGS = {"--kv-cache-memory-bytes", "--host-cache-bytes"} | {
+    f for _, flags in VARIANTS.values() for f in flags if f.startswith("--")
+}
 TRACES = os.environ.get("FLASHSTATE_TRACES", "/work/shared/traces/claude-code")
 DRAIN_S = ReplayConfig().drain_s  # the replay's default
 
@@ -331,6 +335,12 @@ def main() -> int:
     ):
         if given and "flashstate-host" not in args.policies:
             p.error(f"{flag} is flashstate-host's: add flashstate-host to --policies")
+    serve_args = shlex.split(args.serve_args)
+    if clash := sorted({a.split("=")[0] for a in serve_args} & STUDY_FLAGS):
+        p.error(
+            f"--serve-args: {', '.join(clash)} would overrule what --fractions, --policies or "
+            "--host-cache-bytes set for each run"
+        )
     scale = {
         "length_scale": args.length_scale,
         "max_context": args.max_context,
@@ -362,7 +372,7 @@ def main() -> int:
                         "policy": policy,
                         "host_cache_bytes": args.host_cache_bytes or "64G",
                         "host_args": shlex.split(args.host_args),
-                        "serve_args": shlex.split(args.serve_args),
+                        "serve_args": serve_args,
                         "profile": args.profile,
                         "warmup": args.warmup,
                         "duration": args.duration,

@@ -92,3 +92,14 @@ def test_the_ablation_runs_each_mechanism_alone_on_the_given_serve_flags(tmp_pat
         assert row["cache_plan"].startswith("cache: 4 working state slots")
         assert row["requests"] > 0 and row["drain"] == 5
     assert "| gds-aligned |" in done.stdout
+
+
+def test_serve_args_may_not_overrule_the_budget_or_a_variant(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/sim_scale_study.py"), "--policies", "flashstate",
+         "--serve-args=--prefix-cache-eviction lru --kv-cache-memory-bytes=1000", "--out", str(tmp_path)],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "--kv-cache-memory-bytes, --prefix-cache-eviction would overrule" in done.stderr
+    assert not (tmp_path / "scale.json").exists()
