@@ -109,7 +109,17 @@ def add_fit_profile_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="RESULT",
         help="the same runs' bench results (result-*.json), one per trace in order: fits the request "
-        "overhead outside the engine (default: --base's)",
+        "overhead outside the engine and, from the runs that restored from a host tier, the tier's call "
+        "costs to the engine thread (default: --base's)",
+    )
+    fit.add_argument(
+        "--host-earlier",
+        nargs="+",
+        action="append",
+        default=None,
+        metavar=("UNTIL", "RESULT"),
+        help="UNTIL RESULT...: the host tier's call costs of an engine built before the UTC time UNTIL, from "
+        "those bench results (a replay of a run recorded then uses them); repeatable (default: --base's)",
     )
     fit.add_argument(
         "--keep-steps",

@@ -39,6 +39,7 @@ from flashstate.sim.fit import (
     read_request_lines,
     read_steps,
 )
+from flashstate.sim.fit_host import fit_host_calls
 from flashstate.sim.profile import NO_STEP_NOISE, Profile, load_profile, utc_time
 from flashstate.sim.recorded import recorded_send_times
 from flashstate.sim.replay import SimReplay
@@ -202,7 +203,14 @@ def _run(args: argparse.Namespace) -> int:
         print(f"== {v.name}: simulating on {profile.name}", file=sys.stderr)
         trace = out / f"steps-{v.name}.jsonl.gz" if args.step_trace else None
         run, facts = simulate(
-            profile, configs[v.name], replay, workload(), args.model, trace, send_times, seed,
+            profile,
+            configs[v.name],
+            replay,
+            workload(),
+            args.model,
+            trace,
+            send_times,
+            seed,
             args.chat_unspliced_per_token,
         )
         server = {
@@ -233,22 +241,34 @@ def run_fit_profile(args: argparse.Namespace) -> int:
         if args.keep_steps and not args.results:
             raise ValueError("--keep-steps keeps --base's step model and fits what --results give: name them")
         steps = [read_steps([t]) for t in traces]  # each trace read once, for the step model and chat costs
-        overhead, server, client, mode = None, [], [], None
+        overhead, server, client, mode, host = None, [], [], None, None
         if args.results:
             if len(args.results) != len(traces):
                 raise ValueError("--results: one bench result per step trace, in the same order")
-            modes = set()
+            modes, runs = set(), []
             for trace, result in zip(traces, args.results, strict=True):
                 server.append(read_request_lines(trace))
                 run = read_result(Path(result))  # as written, or gzipped as benchmarks/results keeps them
+                runs.append(run)
                 client += run["requests"]
                 modes.add(run.get("replay", {}).get("mode", "completions"))
             if len(modes) > 1:
                 raise ValueError("--results: runs of one replay mode (chat prompts cost the server more)")
             mode = modes.pop()
             overhead = fit_request_overhead([r for lines in server for r in lines], client) | {"mode": mode}
+            host = fit_host_calls(runs)
+        earlier = None
+        if args.host_earlier:
+            earlier = []
+            for until, *results in sorted(args.host_earlier, key=lambda e: utc_time(e[0], "--host-earlier")):
+                if not results:
+                    raise ValueError(f"--host-earlier {until}: name the bench results measured before it")
+                fitted = fit_host_calls([read_result(Path(r)) for r in results])
+                if fitted is None:
+                    raise ValueError(f"--host-earlier {until}: none of {results} restored from a host tier")
+                earlier.append((until, *fitted))
         name, sources, rows = args.name or out.stem, [t.name for t in traces], [r for rs in steps for r in rs]
-        doc = fitted_profile(base, rows, name, sources, overhead, args.keep_steps)
+        doc = fitted_profile(base, rows, name, sources, overhead, args.keep_steps, host, earlier)
         out.write_text(json.dumps(doc, indent=1) + "\n")
         written = load_profile(str(out))
         # the steps' spread around the step model just written (a kept model keeps its noise)

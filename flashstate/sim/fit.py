@@ -294,10 +294,14 @@ def fitted_profile(
     sources: list[str],
     overhead: dict[str, Any] | None = None,
     keep_steps: bool = False,
+    host: tuple[dict[str, float], str] | None = None,
+    earlier: list[tuple[str, dict[str, float], str]] | None = None,
 ) -> dict[str, Any]:
     """`base`'s memory and engine flags with the step model fitted from `rows` (`keep_steps`: base's), the
     request overhead `overhead` from fit_request_overhead (with the replay "mode" of the runs it was fitted
-    on; else base's) and base's chat costs (fit_chat_costs replaces them): a profile document."""
+    on; else base's), the host tier's call costs `host` from fit_host_calls (else base's) and, for engines
+    built before a time, `earlier` ((until, costs, what they were measured on), ascending; else base's), and
+    base's chat costs (fit_chat_costs replaces them): a profile document."""
     fit = _base_steps(base) if keep_steps else fit_steps(rows)
     o, c = base.request_overhead, base.chat_request_overhead
     request = {"overhead_s": o.base_s, "overhead_per_token_s": o.per_token_s}
@@ -321,12 +325,26 @@ def fitted_profile(
         "events": fit["events"],
         "request": request,
         "chat": asdict(base.chat),
-        # what the tier's calls cost the engine thread is the base's (measured apart from the steps)
+        # what the tier's calls cost the engine thread is measured apart from the steps
         "host": {"calls_in_steps": base.host_calls_in_steps if keep_steps else False}
-        | asdict(base.host_calls),
-        "provenance": f"{_steps_said(fit, sources, base)}; request overhead from {said}; memory and engine "
-        f"flags from profile {base.name}",
+        | asdict(base.host_calls)
+        | (host[0] if host else {})
+        | _earlier(base, earlier),
+        "provenance": f"{_steps_said(fit, sources, base)}; request overhead from {said}; "
+        + (f"{host[1]}; " if host else "")
+        + "".join(f"for engines built before {until}, {what}; " for until, _, what in earlier or [])
+        + f"memory and engine flags from profile {base.name}",
     }
+
+
+def _earlier(base: Profile, given: list[tuple[str, dict[str, float], str]] | None) -> dict[str, Any]:
+    """The call costs for engines built before a time, in the profile's "host.earlier" form: `given`, else
+    `base`'s."""
+    if given is not None:
+        entries = [{"until": until} | costs for until, costs, _ in given]
+    else:
+        entries = [{"until": until.isoformat()} | asdict(calls) for until, calls in base.earlier_host_calls]
+    return {"earlier": entries} if entries else {}
 
 
 def _steps_said(fit: dict[str, Any], sources: list[str], base: Profile) -> str:
