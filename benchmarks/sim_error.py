@@ -31,12 +31,22 @@ from flashstate.sim.profile import NO_STEP_NOISE, load_profile
 from flashstate.sim.recorded import METRICS, error, median_summary, simulate_argv
 
 
-def simulate(result: dict, profile: str, traces: str, scale: float, seed: int | None, out: Path) -> dict:
+def simulate(
+    result: dict,
+    profile: str,
+    traces: str,
+    scale: float,
+    seed: int | None,
+    out: Path,
+    sent: Path | None = None,
+) -> dict:
     """The simulated summary of the recorded `result` at step costs × `scale` and noise seed `seed` (None: a
-    profile without noise)."""
+    profile without noise); `sent`: its file, whose send times the replay keeps (`simulate --send-times`)."""
     argv = [*simulate_argv(result, profile, traces), "--step-cost-scale", str(scale), "--out", str(out)]
     if seed is not None:
         argv += ["--step-noise-seed", str(seed)]
+    if sent is not None:
+        argv += ["--send-times", str(sent)]
     with contextlib.redirect_stdout(io.StringIO()):
         if flashstate(argv) != 0:
             raise SystemExit(f"sim_error: simulate failed for {result['label']} ({' '.join(argv)})")
@@ -73,6 +83,12 @@ def main(argv: list[str] | None = None) -> int:
         default=7,
         help="replays at noise seeds 0..N-1 (one where the profile has no noise); default 7",
     )
+    ap.add_argument(
+        "--card-send-times",
+        action="store_true",
+        help="send each simulated turn when the card sent it (or when its previous turn ends, if later): the "
+        "engine's model against the card's arrivals, without the closed loop's drift",
+    )
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     if 1.0 not in args.scales:
@@ -95,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
                 for seed in seeds:
                     print(f"== {run.name} {label} x{scale:g} seed {seed}", file=sys.stderr)
                     where = out / run.name / (f"x{scale:g}" if seed is None else f"x{scale:g}-seed{seed}")
-                    simulated[scale, seed] = simulate(measured, args.profile, args.traces, scale, seed, where)
+                    sent = path if args.card_send_times else None
+                    simulated[scale, seed] = simulate(
+                        measured, args.profile, args.traces, scale, seed, where, sent
+                    )
             card = {name: pick(measured["summary"]) for name, pick in METRICS.items()}
             predicted = median_summary([simulated[1.0, seed] for seed in seeds])
             errors = error(predicted, measured["summary"])
@@ -112,11 +131,12 @@ def main(argv: list[str] | None = None) -> int:
                     "card_inside_spread": inside, "card_band": band, "simulated_inside_band": in_band,
                 })  # fmt: skip
     scales = ", ".join(f"{s:g}" for s in args.scales)
+    sends = "; each turn sent when the card sent it" if args.card_send_times else ""
     lines = [
-        f"Profile {args.profile}; simulated: the median over {len(seeds)} noise seed(s) at the profile's "
-        f"step costs; error = simulated / measured − 1; spread: the simulated figure over the seeds at step "
-        f"costs × {scales}; card's band: the measured figure's 5th–95th percentile over its agents drawn "
-        f"again.",
+        f"Profile {args.profile}{sends}; simulated: the median over {len(seeds)} noise seed(s) at the "
+        f"profile's step costs; error = simulated / measured − 1; spread: the simulated figure over the "
+        f"seeds at step costs × {scales}; card's band: the measured figure's 5th–95th percentile over its "
+        f"agents drawn again.",
         "",
         "| run | label | metric | card | simulated | error | spread | card inside | card's band | "
         "simulated inside |",
@@ -132,7 +152,16 @@ def main(argv: list[str] | None = None) -> int:
         )
     out.mkdir(parents=True, exist_ok=True)
     (out / "errors.json").write_text(
-        json.dumps({"profile": args.profile, "scales": args.scales, "seeds": seeds, "rows": rows}, indent=1)
+        json.dumps(
+            {
+                "profile": args.profile,
+                "scales": args.scales,
+                "seeds": seeds,
+                "card_send_times": args.card_send_times,
+                "rows": rows,
+            },
+            indent=1,
+        )  # fmt: skip
     )
     (out / "errors.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
