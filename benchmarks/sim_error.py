@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                 "rows": rows,
             },
             indent=1,
-        )  # fmt: skip
+        )
     )
     (out / "errors.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

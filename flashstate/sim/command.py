@@ -203,14 +203,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"== {v.name}: simulating on {profile.name}", file=sys.stderr)
         trace = out / f"steps-{v.name}.jsonl.gz" if args.step_trace else None
         run, facts = simulate(
-            profile,
-            configs[v.name],
-            replay,
-            workload(),
-            args.model,
-            trace,
-            send_times,
-            seed,
+            profile, configs[v.name], replay, workload(), args.model, trace, send_times, seed,
             args.chat_unspliced_per_token,
         )
         server = {
