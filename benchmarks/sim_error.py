@@ -106,12 +106,11 @@ def main(argv: list[str] | None = None) -> int:
         for path in files:
             measured = read_result(path)
             label = measured["label"]
-            simulated = {}
+            simulated, sent = {}, path if args.card_send_times else None
             for scale in args.scales:
                 for seed in seeds:
                     print(f"== {run.name} {label} x{scale:g} seed {seed}", file=sys.stderr)
                     where = out / run.name / (f"x{scale:g}" if seed is None else f"x{scale:g}-seed{seed}")
-                    sent = path if args.card_send_times else None
                     simulated[scale, seed] = simulate(
                         measured, args.profile, args.traces, scale, seed, where, sent
                     )

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from flashstate.bench.metrics import server_sum
 from flashstate.bench.report import read_result, result_files
 from flashstate.bench.step_summary import read_trace
 from flashstate.cli import main as flashstate
@@ -45,6 +46,7 @@ from flashstate.sim.fit import (
     with_events,
     with_gaps,
 )
+from flashstate.sim.fit_host import CALLS, SECONDS
 from flashstate.sim.profile import Profile, load_profile
 from flashstate.sim.recorded import simulate_argv
 from flashstate.sim.replay import session_key
@@ -122,9 +124,6 @@ def request_facts(rows: list[dict[str, Any]], requests: list[dict[str, Any]]) ->
     return out
 
 
-HOST_CALLS = ("lookup", "start_restore", "load", "write_back")
-
-
 def host_seconds(result: dict[str, Any]) -> dict[str, float | None]:
     """The engine thread's seconds in the host tier's calls over the run, in all and by call: a card's from
     its metrics, a simulation's from its cache stats (by call where it counted them)."""
@@ -134,13 +133,12 @@ def host_seconds(result: dict[str, Any]) -> dict[str, float | None]:
         total: float | None = sum(s.get("host_engine_s", 0.0) for s in stats)
         by_call = [s.get("host_engine_s_by_call") for s in stats]
         counted = all(b is not None for b in by_call)
-        calls = {c: sum(b.get(c, 0.0) for b in by_call) if counted else None for c in HOST_CALLS}
+        calls = {c: sum(b.get(c, 0.0) for b in by_call) if counted else None for c in CALLS}
     else:
         delta = (result.get("server_metrics") or {}).get("delta") or {}
-        found = {k: v for k, v in delta.items() if k.startswith("flashstate:host_cache_engine_seconds_total")}
-        total = sum(found.values()) if found else None
+        total = server_sum(delta, SECONDS)
         calls = {
-            c: sum(v for k, v in found.items() if f'call="{c}"' in k) if found else None for c in HOST_CALLS
+            c: None if total is None else server_sum(delta, SECONDS, f'call="{c}"') or 0.0 for c in CALLS
         }
     return {"host-tier calls (s)": total} | {f"host-tier calls: {c} (s)": v for c, v in calls.items()}
 
@@ -156,8 +154,9 @@ def evictions(result: dict[str, Any]) -> dict[str, float | None]:
         counts = {r: sum(s["evictions"].get(r, 0) for s in sim["cache_stats"]) for r in EVICTIONS}
     else:
         delta = (result.get("server_metrics") or {}).get("delta") or {}
-        evicted = {k: v for k, v in delta.items() if "prefix_cache_evictions_total" in k}
-        counts = {r: sum(v for k, v in evicted.items() if f'reason="{r}"' in k) for r in EVICTIONS}
+        counts = {
+            r: server_sum(delta, "flashstate:prefix_cache_evictions", f'reason="{r}"') or 0 for r in EVICTIONS
+        }
     return {f"evictions: {r}": n for r, n in counts.items()}
 
 

@@ -191,7 +191,8 @@ def metrics_delta(before: dict[str, float], after: dict[str, float]) -> dict[str
     }
 
 
-def server_sum(samples: dict[str, float], name: str) -> float | None:
-    """Sum of a metric's samples over all label sets (`name` with or without `_total`)."""
-    keys = [k for k in samples if k.split("{", 1)[0] in (name, name + "_total")]
+def server_sum(samples: dict[str, float], name: str, label: str = "") -> float | None:
+    """Sum of a metric's samples over all label sets (`name` with or without `_total`), or over those whose
+    labels hold `label` (e.g. 'call="load"'); None where there is none."""
+    keys = [k for k in samples if k.split("{", 1)[0] in (name, name + "_total") and label in k]
     return sum(samples[k] for k in keys) if keys else None

@@ -21,13 +21,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from flashstate.bench.metrics import server_sum
+
 SECONDS = "flashstate:host_cache_engine_seconds_total"
 CALLS = ("lookup", "start_restore", "load", "write_back")
 
 
 def _counter(delta: dict[str, float], name: str, label: str = "") -> float:
-    """The sum of `name`'s series in `delta` (those with `label` in their labels, if given)."""
-    return sum(v for k, v in delta.items() if k.split("{", 1)[0] == name and label in k)
+    """A counter's change over the run, 0 where the server never counted it."""
+    return server_sum(delta, name, label) or 0.0
 
 
 def fit_host_calls(results: list[dict[str, Any]]) -> tuple[dict[str, float], str] | None:
